@@ -1,0 +1,111 @@
+// Command wasmexec runs a GOOS=wasip1 program under wazero with full WASI
+// (arguments, environment, the host file system mounted at /, clocks, random)
+// and exits with the program's exit code. It exists so that `go test -exec`
+// can run test binaries, and so measure benchmarks, inside Wasm:
+//
+//	go build -o /tmp/wasmexec ./e2e/cmd/wasmexec
+//	GOOS=wasip1 GOARCH=wasm go test -exec /tmp/wasmexec -run '^$' -bench . ./shared/blockhash
+//
+// It compiles with wazero's optimizing compiler and caches compiled modules
+// in $WASMEXEC_CACHE (default: a wasmexec directory in the user cache
+// directory), so repeated runs of the same binary skip compilation.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+	"github.com/tetratelabs/wazero/sys"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: wasmexec program.wasm [args...]")
+		os.Exit(2)
+	}
+	os.Exit(run(os.Args[1], os.Args[2:]))
+}
+
+func run(path string, args []string) int {
+	bin, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "wasmexec:", err)
+		return 1
+	}
+	ctx := context.Background()
+	cfg := wazero.NewRuntimeConfigCompiler()
+	if cache, err := wazero.NewCompilationCacheWithDir(cacheDir()); err == nil {
+		cfg = cfg.WithCompilationCache(cache)
+	} else {
+		fmt.Fprintln(os.Stderr, "wasmexec: compiling without a cache:", err)
+	}
+	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
+	defer rt.Close(ctx)
+	wasi_snapshot_preview1.MustInstantiate(ctx, rt)
+
+	mod, err := rt.CompileModule(ctx, bin)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "wasmexec: compiling %s: %v\n", path, err)
+		return 1
+	}
+	conf := wazero.NewModuleConfig().
+		WithArgs(append([]string{path}, args...)...).
+		WithStdin(os.Stdin).
+		WithStdout(os.Stdout).
+		WithStderr(os.Stderr).
+		WithRandSource(rand.Reader).
+		WithSysWalltime().
+		WithSysNanotime().
+		WithSysNanosleep().
+		WithFSConfig(wazero.NewFSConfig().WithDirMount("/", "/"))
+	for _, kv := range environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			conf = conf.WithEnv(k, v)
+		}
+	}
+	_, err = rt.InstantiateModule(ctx, mod, conf)
+	var exit *sys.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &exit):
+		return int(exit.ExitCode())
+	default:
+		fmt.Fprintf(os.Stderr, "wasmexec: running %s: %v\n", path, err)
+		return 1
+	}
+}
+
+// environ is the host environment with PWD set to the working directory:
+// Go's wasip1 port takes its working directory from PWD, and go test runs
+// each test binary in its package directory.
+func environ() []string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return os.Environ()
+	}
+	env := []string{"PWD=" + wd}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PWD=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func cacheDir() string {
+	if dir := os.Getenv("WASMEXEC_CACHE"); dir != "" {
+		return dir
+	}
+	if dir, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(dir, "wasmexec")
+	}
+	return filepath.Join(os.TempDir(), "wasmexec")
+}
