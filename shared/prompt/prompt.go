@@ -1,12 +1,47 @@
 // Package prompt turns an OpenAI-style request body into the text an engine
-// tokenizes.
+// tokenizes, so that block hashes of that text line up with the engine's
+// prefix cache.
+//
+// Chat requests ("messages") are rendered the way vLLM's chat endpoint renders
+// them with a model's HuggingFace chat template: Render mirrors the template
+// families of e2e/vllmsim/templates byte for byte, including the special
+// strings the templates emit themselves (such as Llama 3's
+// "<|begin_of_text|>") and add_generation_prompt=true, vLLM's default. Before
+// a template sees the messages, vLLM normalises them, and so does Render:
+//
+//   - content given as an array of parts is joined with "\n" for the chatml,
+//     llama3, mistral and plain families, whose templates expect a string; the
+//     gemma template receives the parts themselves. Absent or null content is
+//     "" (or no parts, for gemma).
+//   - an image, audio or video part renders as "<|media:" + 16 lowercase hex
+//     digits of XXH64 of its URL or data + "|>", so different media never
+//     share a prefix. (The engine caches media by a hash of their own; no
+//     placeholder text can match its tokens.)
+//   - an assistant's tool call arguments, a JSON string, are parsed, so a
+//     template's tojson prints them as Python's json.dumps would
+//     (ensure_ascii=False); absent or empty arguments are {}.
+//   - tools become {"type": "function", "function": {"name", "description",
+//     "parameters", ...}, ...}, the order and nulls of vLLM's pydantic
+//     model_dump.
+//   - name is kept only when a string, tool_call_id only on tool messages,
+//     tool_calls only on assistant messages.
+//
+// A request's "add_generation_prompt": false is honoured; other
+// chat_template_kwargs and continue_final_message are not. Python keeps the
+// last of duplicate keys inside tool JSON; Render prints them all. Either
+// only costs a cache hit, never a wrong answer.
+//
+// Completions requests ("prompt") take a string, an array of strings (each its
+// own prompt; the first one is rendered), or token ids (an array of integers,
+// or an array of such arrays). Text prompts are prefixed with the family's BOS
+// string, as the engine's tokenizer adds the BOS token to them; token ids are
+// rendered as 4-byte little-endian values, and Prompt.Tokens says so.
 package prompt
 
 import (
 	"errors"
 	"strconv"
-
-	"github.com/tidwall/gjson"
+	"sync"
 )
 
 // Template names a chat-template family.
@@ -14,67 +49,255 @@ type Template uint8
 
 // The chat-template families kvroute renders.
 const (
+	// Plain is a documented, template-free joining, for models whose template
+	// kvroute does not know: optional "tools: " followed by each tool's JSON
+	// (printed as Python's json.dumps prints it, so independent of the
+	// body's whitespace), one per line; then, for each message, its role,
+	// " (name)" when it has one, ": ", its content (parts joined with "\n")
+	// and "\n"; then, for each tool call of an assistant message,
+	// "tool_call: ", the function name, " ", the arguments (a string as is,
+	// other JSON printed like tools) and "\n". Plain adds no generation
+	// prompt, and text completions get no BOS.
 	Plain Template = iota
+	// ChatML is Qwen2.5-Instruct's template (<|im_start|>role ... <|im_end|>,
+	// Qwen's default system prompt, <tools> and <tool_call> blocks).
 	ChatML
+	// Llama3 is the Llama 3.1/3.3 Instruct template.
 	Llama3
+	// Mistral is Mistral-Nemo-Instruct-2407's template.
 	Mistral
+	// Gemma is the Gemma 3 -it template.
 	Gemma
 )
 
+var templateNames = [...]string{Plain: "plain", ChatML: "chatml", Llama3: "llama3", Mistral: "mistral", Gemma: "gemma"}
+
 // ParseTemplate returns the template with the given configuration name.
 func ParseTemplate(name string) (Template, error) {
-	switch name {
-	case "plain":
-		return Plain, nil
-	case "chatml":
-		return ChatML, nil
-	case "llama3":
-		return Llama3, nil
-	case "mistral":
-		return Mistral, nil
-	case "gemma":
-		return Gemma, nil
+	for t, n := range templateNames {
+		if n == name {
+			return Template(t), nil
+		}
 	}
-	return 0, errors.New("unknown chat template " + strconv.Quote(name))
+	return 0, errors.New("prompt: unknown chat template " + strconv.Quote(name))
+}
+
+// String returns the template's configuration name.
+func (t Template) String() string {
+	if int(t) < len(templateNames) {
+		return templateNames[t]
+	}
+	return "Template(" + strconv.Itoa(int(t)) + ")"
+}
+
+// bos is the string a family's tokenizer adds before a text prompt.
+func (t Template) bos() string {
+	switch t {
+	case Llama3:
+		return "<|begin_of_text|>"
+	case Mistral:
+		return "<s>"
+	case Gemma:
+		return "<bos>"
+	}
+	return ""
 }
 
 // Prompt is a rendered request.
 type Prompt struct {
-	Model string // the request's "model"
-	Text  []byte // canonical text; shares storage with the dst passed to Render
+	Model   string // the request's "model"
+	Text    []byte // canonical text; shares storage with the dst passed to Render
+	Tokens  bool   // Text holds token ids, 4 bytes little-endian each
+	Prompts int    // prompts in the request; Text is the first one's
 }
 
-// Errors Render returns; the filter turns each into a fallback.
+// Errors Render returns; the filter turns each into a fallback. Errors that
+// carry detail wrap ErrMalformed or ErrTemplate (test with errors.Is).
 var (
+	// ErrInvalidJSON means the body is not one JSON object.
 	ErrInvalidJSON = errors.New("prompt: body is not a JSON object")
-	ErrNoPrompt    = errors.New("prompt: body has neither messages nor prompt")
+	// ErrNoPrompt means the body has neither messages nor a prompt, or they
+	// are empty.
+	ErrNoPrompt = errors.New("prompt: body has neither messages nor prompt")
+	// ErrMalformed means a field the rendering needs has the wrong shape, or
+	// the body nests deeper than any request does.
+	ErrMalformed = errors.New("prompt: malformed request")
+	// ErrTemplate means the chat template rejects the conversation (the
+	// engine answers such a request with an error of its own).
+	ErrTemplate = errors.New("prompt: chat template rejects the conversation")
 )
 
+type detailError struct {
+	kind   error
+	detail string
+}
+
+func (e *detailError) Error() string { return e.kind.Error() + ": " + e.detail }
+func (e *detailError) Unwrap() error { return e.kind }
+
+func malformed(detail string) error { return &detailError{ErrMalformed, detail} }
+func rejected(detail string) error  { return &detailError{ErrTemplate, detail} }
+
+// A Renderer renders request bodies, reusing its scratch space from one call
+// to the next. It is not safe for concurrent use.
+type Renderer struct {
+	s     scanner
+	req   request
+	msgs  []message
+	parts []part
+	tmp   []byte // scratch: decoded payloads, arguments, comparisons
+	kv    []member
+	err   error
+}
+
+var pool = sync.Pool{New: func() any { return new(Renderer) }}
+
 // Render appends the canonical text of body to dst[:0] using template t.
-// Placeholder: joins roles and contents; replaced by the template renderers.
+// It is Renderer.Render with a pooled Renderer.
 func Render(dst []byte, body []byte, t Template) (Prompt, error) {
-	if !gjson.ValidBytes(body) {
-		return Prompt{}, ErrInvalidJSON
+	r := pool.Get().(*Renderer)
+	p, err := r.Render(dst, body, t)
+	r.s.b = nil
+	pool.Put(r)
+	return p, err
+}
+
+// Render appends the canonical text of body to dst[:0] using template t.
+func (r *Renderer) Render(dst []byte, body []byte, t Template) (Prompt, error) {
+	r.err = nil
+	if err := r.parse(body); err != nil {
+		return Prompt{}, err
 	}
-	root := gjson.ParseBytes(body)
-	if !root.IsObject() {
-		return Prompt{}, ErrInvalidJSON
+	p := Prompt{Prompts: 1}
+	if r.req.model.ok {
+		p.Model = string(r.s.appendStr(r.tmp[:0], r.req.model))
 	}
-	p := Prompt{Model: root.Get("model").String()}
 	dst = dst[:0]
-	if msgs := root.Get("messages"); msgs.IsArray() {
-		msgs.ForEach(func(_, m gjson.Result) bool {
-			dst = append(dst, m.Get("role").String()...)
-			dst = append(dst, '\n')
-			dst = append(dst, m.Get("content").String()...)
-			dst = append(dst, '\n')
-			return true
-		})
-	} else if pr := root.Get("prompt"); pr.Type == gjson.String {
-		dst = append(dst, pr.Str...)
-	} else {
+	var err error
+	switch {
+	case r.req.messages:
+		if len(r.msgs) == 0 {
+			return Prompt{}, ErrNoPrompt
+		}
+		dst, err = r.chat(dst, t)
+	case r.req.prompt.ok:
+		dst, err = r.completion(dst, t, &p)
+	default:
 		return Prompt{}, ErrNoPrompt
+	}
+	if err != nil {
+		return Prompt{}, err
 	}
 	p.Text = dst
 	return p, nil
+}
+
+func (r *Renderer) chat(dst []byte, t Template) ([]byte, error) {
+	switch t {
+	case ChatML:
+		return r.chatml(dst)
+	case Llama3:
+		return r.llama3(dst)
+	case Mistral:
+		return r.mistral(dst)
+	case Gemma:
+		return r.gemma(dst)
+	case Plain:
+		return r.plain(dst)
+	}
+	return dst, errors.New("prompt: unknown template " + t.String())
+}
+
+// completion renders a completions prompt.
+func (r *Renderer) completion(dst []byte, t Template, p *Prompt) ([]byte, error) {
+	s := scanner{b: r.s.b[:r.req.prompt.end], pos: int(r.req.prompt.off)}
+	switch s.ws() {
+	case '"':
+		v, _ := s.str()
+		dst = append(dst, t.bos()...)
+		return s.appendStr(dst, v), nil
+	case '[':
+	default:
+		return dst, malformed("prompt is neither a string nor an array")
+	}
+	// An array: of strings, of token ids, or of arrays of token ids.
+	n := 0
+	var first byte
+	err := s.array(1, func() error {
+		c := s.ws()
+		if n == 0 {
+			first = c
+		}
+		n++
+		switch {
+		case first == '"' && c == '"':
+			v, err := s.str()
+			if n == 1 {
+				dst = append(dst, t.bos()...)
+				dst = s.appendStr(dst, v)
+			}
+			return err
+		case first == '[' && c == '[':
+			m := 0
+			err := s.array(2, func() error {
+				m++
+				if n == 1 {
+					var err error
+					dst, err = appendToken(dst, &s)
+					return err
+				}
+				return skipToken(&s)
+			})
+			if err == nil && m == 0 {
+				return malformed("prompt has an empty token array")
+			}
+			return err
+		case first != '"' && first != '[' && c != '"' && c != '[':
+			var err error
+			dst, err = appendToken(dst, &s)
+			return err
+		}
+		return malformed("prompt mixes strings, token ids and arrays")
+	})
+	if err != nil {
+		return dst, err
+	}
+	if n == 0 {
+		return dst, ErrNoPrompt
+	}
+	p.Tokens = first != '"'
+	if first != '[' && first != '"' {
+		n = 1 // one prompt of token ids
+	}
+	p.Prompts = n
+	return dst, nil
+}
+
+func skipToken(s *scanner) error {
+	_, err := appendToken(nil, s)
+	return err
+}
+
+// appendToken appends the token id at s as 4 little-endian bytes.
+func appendToken(dst []byte, s *scanner) ([]byte, error) {
+	s.ws()
+	start := s.pos
+	isInt, err := s.number()
+	if err != nil {
+		if s.skip(2) == nil {
+			return dst, malformed("a token id is not a number")
+		}
+		return dst, err
+	}
+	if !isInt || s.b[start] == '-' || s.pos-start > 10 {
+		return dst, malformed("a token id is not a uint32")
+	}
+	var id uint64
+	for _, c := range s.b[start:s.pos] {
+		id = id*10 + uint64(c-'0')
+	}
+	if id > 1<<32-1 {
+		return dst, malformed("a token id is not a uint32")
+	}
+	return append(dst, byte(id), byte(id>>8), byte(id>>16), byte(id>>24)), nil
 }

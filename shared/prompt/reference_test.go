@@ -1,0 +1,93 @@
+package prompt
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"testing"
+)
+
+// reference is testdata/reference.json: request bodies and what the real
+// chat templates (e2e/vllmsim/templates) render for them under real Jinja2,
+// written by testdata/render_reference.py.
+type reference struct {
+	Cases []struct {
+		Name string
+		Body string
+		Want map[string]struct {
+			Text  *string
+			Error string
+		}
+	}
+}
+
+func loadReference(t testing.TB) reference {
+	t.Helper()
+	b, err := os.ReadFile("testdata/reference.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref reference
+	if err := json.Unmarshal(b, &ref); err != nil {
+		t.Fatal(err)
+	}
+	if len(ref.Cases) == 0 {
+		t.Fatal("no reference cases")
+	}
+	return ref
+}
+
+func TestRenderMatchesJinja(t *testing.T) {
+	for _, c := range loadReference(t).Cases {
+		for family, want := range c.Want {
+			t.Run(c.Name+"/"+family, func(t *testing.T) {
+				tmpl, err := ParseTemplate(family)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p, err := Render(nil, []byte(c.Body), tmpl)
+				if want.Text == nil {
+					if !errors.Is(err, ErrTemplate) && !errors.Is(err, ErrMalformed) {
+						t.Fatalf("Render = %q, %v; Jinja raised %s", p.Text, err, want.Error)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatalf("Render: %v", err)
+				}
+				if got := string(p.Text); got != *want.Text {
+					t.Errorf("mismatch at byte %d\n got: %q\nwant: %q", firstDiff(got, *want.Text), got, *want.Text)
+				}
+			})
+		}
+	}
+}
+
+func firstDiff(a, b string) int {
+	for i := 0; i < len(a) && i < len(b); i++ {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// The same bodies, reindented, render the same text: rendering depends on
+// the request, not its layout.
+func TestRenderIgnoresLayout(t *testing.T) {
+	for _, c := range loadReference(t).Cases {
+		var buf bytes.Buffer
+		if err := json.Indent(&buf, []byte(c.Body), " ", "\t"); err != nil {
+			t.Fatal(err)
+		}
+		indented := buf.Bytes()
+		for _, tmpl := range []Template{ChatML, Llama3, Mistral, Gemma, Plain} {
+			a, errA := Render(nil, []byte(c.Body), tmpl)
+			b, errB := Render(nil, indented, tmpl)
+			if (errA == nil) != (errB == nil) || string(a.Text) != string(b.Text) {
+				t.Errorf("%s/%s: layout changes the result: %v / %v", c.Name, tmpl, errA, errB)
+			}
+		}
+	}
+}
