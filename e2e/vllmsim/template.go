@@ -1,0 +1,307 @@
+package vllmsim
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// The chat templates are real HuggingFace templates (templates/SOURCES.md).
+//
+//go:embed templates/*.jinja
+var templateFS embed.FS
+
+// family is what a template family needs besides its source: the special
+// token strings its tokenizer_config.json defines, and whether the
+// tokenizer prepends BOS to a completions prompt.
+type family struct {
+	bos, eos string
+	addBOS   bool
+}
+
+var families = map[string]family{
+	"chatml":  {bos: "", eos: "<|im_end|>"},
+	"llama3":  {bos: "<|begin_of_text|>", eos: "<|eot_id|>", addBOS: true},
+	"mistral": {bos: "<s>", eos: "</s>", addBOS: true},
+	"gemma":   {bos: "<bos>", eos: "<eos>", addBOS: true},
+}
+
+// models maps served model names, by lower-case prefix, to the family
+// whose template they ship.
+var models = []struct{ prefix, family string }{
+	{"qwen/qwen2.5-", "chatml"},
+	{"meta-llama/llama-3.1-", "llama3"},
+	{"meta-llama/llama-3.3-", "llama3"},
+	{"meta-llama/meta-llama-3.1-", "llama3"},
+	{"mistralai/mistral-nemo-instruct-2407", "mistral"},
+	{"google/gemma-3-", "gemma"},
+}
+
+// familyOf returns the template family of a served model name, or "".
+func familyOf(model string) string {
+	m := strings.ToLower(model)
+	for _, e := range models {
+		if strings.HasPrefix(m, e.prefix) {
+			return e.family
+		}
+	}
+	return ""
+}
+
+// chatTemplate renders chat requests the way vLLM's chat endpoint does
+// (transformers' apply_chat_template): Jinja with the model's template,
+// messages, add_generation_prompt, tools, bos_token and eos_token.
+type chatTemplate struct {
+	tmpl *jinja.Template
+	fam  family
+	// listContent: the template iterates over message content, so content
+	// parts are passed as a list (vLLM's "openai" content format) rather
+	// than joined into one string.
+	listContent bool
+}
+
+// iteratesContent is the test vLLM's content-format detection applies:
+// does the template loop over a message's content?
+var iteratesContent = regexp.MustCompile(`for\s+\w+\s+in\s+message(\[\s*['"]content['"]\s*\]|\.content)`)
+
+// newChatTemplate compiles the template named by spec (an embedded family
+// name) or spec itself as Jinja source; with spec empty, the model's
+// family. It returns nil, nil when the model has no known template.
+func newChatTemplate(spec, model string) (*chatTemplate, error) {
+	fam, src := familyOf(model), spec
+	switch {
+	case spec == "" && fam == "":
+		return nil, nil
+	case spec == "":
+		src = fam
+	case !strings.Contains(spec, "{"):
+		if _, ok := families[spec]; !ok {
+			return nil, fmt.Errorf("vllmsim: unknown chat template %q (want chatml, llama3, mistral, gemma or Jinja source)", spec)
+		}
+	}
+	if _, ok := families[src]; ok {
+		fam = src
+		b, err := templateFS.ReadFile("templates/" + src + ".jinja")
+		if err != nil {
+			return nil, fmt.Errorf("vllmsim: read template %s: %w", src, err)
+		}
+		src = string(b)
+	}
+	t, err := jinja.Compile(src)
+	if err != nil {
+		return nil, fmt.Errorf("vllmsim: compile chat template: %w", err)
+	}
+	return &chatTemplate{tmpl: t, fam: families[fam], listContent: iteratesContent.MatchString(src)}, nil
+}
+
+// chatRender is what a chat request puts into the template.
+type chatRender struct {
+	messages            json.RawMessage
+	tools               json.RawMessage // null or absent: not passed
+	addGenerationPrompt bool
+	continueFinal       bool
+	kwargs              json.RawMessage // chat_template_kwargs
+}
+
+// render returns the prompt text of a chat request, or an error that
+// describes the bad request.
+func (c *chatTemplate) render(in chatRender) (text string, err error) {
+	msgs, err := jsonValue(in.messages)
+	if err != nil {
+		return "", fmt.Errorf("messages: %w", err)
+	}
+	if !msgs.IsList() || msgs.AsList().Len() == 0 {
+		return "", errors.New("messages must be a non-empty list")
+	}
+	var finalContent string
+	for i, m := range msgs.AsList().Items {
+		if !m.IsDict() {
+			return "", fmt.Errorf("messages[%d] is not an object", i)
+		}
+		d := m.AsDict()
+		if role, ok := d.Get("role"); !ok || !role.IsString() {
+			return "", fmt.Errorf("messages[%d].role must be a string", i)
+		}
+		content, ok := d.Get("content")
+		if !ok {
+			continue
+		}
+		flat, err := c.content(content)
+		if err != nil {
+			return "", fmt.Errorf("messages[%d].content: %w", i, err)
+		}
+		d.Set("content", flat)
+		finalContent = contentText(flat)
+	}
+	vars := map[string]jinja.Value{
+		"messages":              msgs,
+		"add_generation_prompt": jinja.NewBool(in.addGenerationPrompt),
+		"bos_token":             jinja.NewString(c.fam.bos),
+		"eos_token":             jinja.NewString(c.fam.eos),
+	}
+	if len(in.tools) > 0 && !bytes.Equal(bytes.TrimSpace(in.tools), []byte("null")) {
+		tools, err := jsonValue(in.tools)
+		if err != nil || !tools.IsList() {
+			return "", errors.New("tools must be a list")
+		}
+		vars["tools"] = tools
+	}
+	if len(in.kwargs) > 0 && !bytes.Equal(bytes.TrimSpace(in.kwargs), []byte("null")) {
+		kw, err := jsonValue(in.kwargs)
+		if err != nil || !kw.IsDict() {
+			return "", errors.New("chat_template_kwargs must be an object")
+		}
+		for _, k := range kw.AsDict().OrderedKeys() {
+			vars[k], _ = kw.AsDict().Get(k)
+		}
+	}
+	text, err = c.exec(vars)
+	if err != nil {
+		return "", err
+	}
+	if in.continueFinal {
+		// As vLLM does: cut the text after the final message's content so
+		// that generation continues it.
+		i := strings.LastIndex(text, finalContent)
+		if finalContent == "" || i < 0 {
+			return "", errors.New("continue_final_message: the final message's content is not in the rendered prompt")
+		}
+		text = text[:i+len(finalContent)]
+	}
+	return text, nil
+}
+
+// exec renders, turning a panic inside the template engine into an error:
+// request data must never crash the engine.
+func (c *chatTemplate) exec(vars map[string]jinja.Value) (text string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("chat template failed: %v", r)
+		}
+	}()
+	text, err = c.tmpl.RenderValues(vars)
+	if err != nil {
+		return "", fmt.Errorf("chat template: %w", err)
+	}
+	return text, nil
+}
+
+// content normalises one message's content: a string or null stays, a list
+// of text parts becomes their texts joined by newlines (vLLM's "string"
+// content format) or a list of {type: text, text} parts ("openai" format).
+func (c *chatTemplate) content(v jinja.Value) (jinja.Value, error) {
+	if v.IsString() || v.IsNone() {
+		return v, nil
+	}
+	if !v.IsList() {
+		return v, errors.New("must be a string, null or a list of parts")
+	}
+	var texts []string
+	for _, p := range v.AsList().Items {
+		if !p.IsDict() {
+			return v, errors.New("content parts must be objects")
+		}
+		typ, _ := p.AsDict().Get("type")
+		txt, ok := p.AsDict().Get("text")
+		if !typ.IsString() || typ.AsString() != "text" || !ok || !txt.IsString() {
+			return v, errors.New("only text content parts are supported")
+		}
+		texts = append(texts, txt.AsString())
+	}
+	if !c.listContent {
+		return jinja.NewString(strings.Join(texts, "\n")), nil
+	}
+	parts := make([]jinja.Value, len(texts))
+	for i, t := range texts {
+		d := jinja.NewDict()
+		d.AsDict().Set("type", jinja.NewString("text"))
+		d.AsDict().Set("text", jinja.NewString(t))
+		parts[i] = d
+	}
+	return jinja.NewList(parts), nil
+}
+
+func contentText(v jinja.Value) string {
+	if v.IsString() {
+		return v.AsString()
+	}
+	if !v.IsList() {
+		return ""
+	}
+	var b strings.Builder
+	for _, p := range v.AsList().Items {
+		t, _ := p.AsDict().Get("text")
+		b.WriteString(t.AsString())
+	}
+	return b.String()
+}
+
+// jsonValue converts JSON to a template value, keeping object key order
+// (Python dicts keep insertion order, and tojson shows it) and integers
+// apart from floats.
+func jsonValue(raw json.RawMessage) (jinja.Value, error) {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	v, err := decodeValue(d)
+	if err != nil {
+		return v, err
+	}
+	if _, err := d.Token(); err == nil {
+		return v, errors.New("trailing data after JSON value")
+	}
+	return v, nil
+}
+
+func decodeValue(d *json.Decoder) (jinja.Value, error) {
+	t, err := d.Token()
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	switch t := t.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			v := jinja.NewDict()
+			for d.More() {
+				k, err := d.Token()
+				if err != nil {
+					return v, err
+				}
+				x, err := decodeValue(d)
+				if err != nil {
+					return v, err
+				}
+				v.AsDict().Set(k.(string), x)
+			}
+			_, err := d.Token()
+			return v, err
+		case '[':
+			var items []jinja.Value
+			for d.More() {
+				x, err := decodeValue(d)
+				if err != nil {
+					return x, err
+				}
+				items = append(items, x)
+			}
+			_, err := d.Token()
+			return jinja.NewList(items), err
+		}
+		return jinja.Value{}, fmt.Errorf("unexpected %v", t)
+	case json.Number:
+		return jinja.FromGoValue(t), nil
+	case string:
+		return jinja.NewString(t), nil
+	case bool:
+		return jinja.NewBool(t), nil
+	case nil:
+		return jinja.None(), nil
+	}
+	return jinja.Value{}, fmt.Errorf("unexpected JSON token %v", t)
+}
