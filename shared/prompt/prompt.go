@@ -170,7 +170,8 @@ func (r *Renderer) Render(dst []byte, body []byte, t Template) (Prompt, error) {
 	}
 	p := Prompt{Prompts: 1}
 	if r.req.model.ok {
-		p.Model = string(r.s.appendStr(r.tmp[:0], r.req.model))
+		r.tmp = r.s.appendStr(r.tmp[:0], r.req.model)
+		p.Model = string(r.tmp)
 	}
 	dst = dst[:0]
 	var err error

@@ -63,7 +63,7 @@ type request struct {
 
 // parse reads body into r's request, messages and parts in one pass.
 func (r *Renderer) parse(body []byte) error {
-	r.s = scanner{b: body}
+	r.s = scanner{b: body, arena: r.s.arena[:0]}
 	r.req = request{}
 	r.msgs = r.msgs[:0]
 	r.parts = r.parts[:0]
@@ -203,7 +203,7 @@ func (r *Renderer) parseContent(m *message) error {
 	s := &r.s
 	switch s.ws() {
 	case '"':
-		v, err := s.str()
+		v, err := s.text()
 		m.kind, m.text = contentString, v
 		return err
 	case 'n':
@@ -234,7 +234,7 @@ var mediaTypes = [...]string{"image_url", "input_audio", "audio_url", "video_url
 func (r *Renderer) parsePart() error {
 	s := &r.s
 	if s.ws() == '"' {
-		v, err := s.str()
+		v, err := s.text()
 		r.parts = append(r.parts, part{text: v})
 		return err
 	}
@@ -261,14 +261,14 @@ func (r *Renderer) parsePart() error {
 			if s.ws() != '"' {
 				return malformed("a text part's text is not a string")
 			}
-			v, err := s.str()
+			v, err := s.text()
 			text = v
 			return err
 		case s.equalStr(key, "refusal"):
 			if s.ws() != '"' {
 				return s.skip(5)
 			}
-			v, err := s.str()
+			v, err := s.text()
 			refusal = v
 			return err
 		}

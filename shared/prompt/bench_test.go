@@ -1,0 +1,120 @@
+package prompt
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/shared/blockhash"
+	"github.com/tidwall/gjson"
+)
+
+// chatBody returns a chat request of about size bytes: a system message and
+// alternating user and assistant turns of about 1 KiB each. With escaped,
+// every content carries quotes, newlines and a \u escape.
+func chatBody(size int, escaped bool) []byte {
+	unit := "The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. "
+	if escaped {
+		unit = `The \"quick\" brown fox jumps over the lazy dog,\npack my box with five dozen caf\u00e9 jugs. `
+	}
+	content := strings.Repeat(unit, 1024/len(unit))
+	var b strings.Builder
+	b.WriteString(`{"model":"Qwen/Qwen2.5-7B-Instruct","stream":true,"messages":[{"role":"system","content":"You are a helpful assistant."}`)
+	for i := 0; b.Len() < size; i++ {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		b.WriteString(`,{"role":"` + role + `","content":"` + content + `"}`)
+	}
+	b.WriteString(`],"max_tokens":256,"temperature":0.7}`)
+	return []byte(b.String())
+}
+
+// benchmarkRender measures what the filter does with a body: render it and
+// hash its blocks.
+func benchmarkRender(b *testing.B, t Template, escaped bool) {
+	body := chatBody(512<<10, escaped)
+	var r Renderer
+	text := make([]byte, 0, len(body))
+	hashes := make([]uint64, 0, len(body)/64)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := r.Render(text, body, t)
+		if err != nil {
+			b.Fatal(err)
+		}
+		hashes = blockhash.Append(hashes[:0], blockhash.Seed(p.Model, ""), p.Text, blockhash.Config{})
+		text = p.Text // keep the grown buffer, as the filter does
+	}
+}
+
+func BenchmarkRenderAppendChatML512KiB(b *testing.B)        { benchmarkRender(b, ChatML, false) }
+func BenchmarkRenderAppendChatML512KiBEscaped(b *testing.B) { benchmarkRender(b, ChatML, true) }
+func BenchmarkRenderAppendLlama3512KiB(b *testing.B)        { benchmarkRender(b, Llama3, false) }
+func BenchmarkRenderAppendLlama3512KiBEscaped(b *testing.B) { benchmarkRender(b, Llama3, true) }
+func BenchmarkRenderAppendGemma512KiBEscaped(b *testing.B)  { benchmarkRender(b, Gemma, true) }
+
+// BenchmarkRender512KiB is Render alone, through the package-level pool.
+func BenchmarkRender512KiB(b *testing.B) {
+	body := chatBody(512<<10, false)
+	text := make([]byte, 0, len(body))
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := Render(text, body, ChatML)
+		if err != nil {
+			b.Fatal(err)
+		}
+		text = p.Text
+	}
+}
+
+// benchmarkGJSON is the baseline the README's ratios refer to: validate with
+// gjson, then ForEach over messages with Get per field and .Str contents.
+func benchmarkGJSON(b *testing.B, escaped bool) {
+	body := chatBody(512<<10, escaped)
+	text := make([]byte, 0, len(body))
+	hashes := make([]uint64, 0, len(body)/64)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if !gjson.ValidBytes(body) {
+			b.Fatal("invalid")
+		}
+		root := gjson.ParseBytes(body)
+		text = text[:0]
+		root.Get("messages").ForEach(func(_, m gjson.Result) bool {
+			text = append(text, "<|im_start|>"...)
+			text = append(text, m.Get("role").Str...)
+			text = append(text, '\n')
+			text = append(text, m.Get("content").Str...)
+			text = append(text, "<|im_end|>\n"...)
+			return true
+		})
+		hashes = blockhash.Append(hashes[:0], blockhash.Seed(root.Get("model").Str, ""), text, blockhash.Config{})
+	}
+}
+
+func BenchmarkGJSONBaseline512KiB(b *testing.B)        { benchmarkGJSON(b, false) }
+func BenchmarkGJSONBaseline512KiBEscaped(b *testing.B) { benchmarkGJSON(b, true) }
+
+func TestRenderDoesNotAllocate(t *testing.T) {
+	body := chatBody(64<<10, true)
+	var r Renderer
+	text := make([]byte, 0, len(body))
+	if _, err := r.Render(text, body, ChatML); err != nil { // warm the scratch space
+		t.Fatal(err)
+	}
+	for _, tmpl := range []Template{ChatML, Llama3, Mistral, Gemma, Plain} {
+		n := testing.AllocsPerRun(5, func() {
+			if _, err := r.Render(text, body, tmpl); err != nil {
+				t.Fatal(err)
+			}
+		})
+		// Prompt.Model is the one allocation: a string copied out of the body.
+		if n > 1 {
+			t.Errorf("%s: Render allocates %v times per call", tmpl, n)
+		}
+	}
+}
