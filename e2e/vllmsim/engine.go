@@ -32,6 +32,7 @@ type Engine struct {
 
 	pubSpec  endpointSpec
 	replayEP string
+	unwatch  func() bool // stops closing the engine with Start's context
 
 	mu      sync.Mutex // guards sched, and run against Close/Restart
 	sched   *scheduler
@@ -73,10 +74,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	if err := e.start(); err != nil {
 		return nil, err
 	}
-	go func() {
-		<-ctx.Done()
-		e.Close()
-	}()
+	e.unwatch = context.AfterFunc(ctx, func() { e.Close() })
 	return e, nil
 }
 
@@ -177,7 +175,10 @@ func (e *Engine) stop() error {
 }
 
 // Close stops the engine. In-flight requests fail.
-func (e *Engine) Close() error { return e.stop() }
+func (e *Engine) Close() error {
+	e.unwatch()
+	return e.stop()
+}
 
 // Restart stops the engine and starts it again on the same ports, as a
 // restarted vLLM process: the cache is empty, event sequence numbers start

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -27,6 +28,7 @@ func testConfig() Config {
 		NumGPUBlocks: 64,
 		TimeScale:    0.01,
 		KVEvents:     KVEventsConfig{EnableKVCacheEvents: true},
+		Logger:       discardLogger(),
 	}
 }
 
@@ -362,3 +364,5 @@ func (p *pyPeer) next(t *testing.T, d time.Duration) map[string]any {
 	}
 	return nil
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

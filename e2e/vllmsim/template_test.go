@@ -1,0 +1,166 @@
+package vllmsim
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestTemplatesMatchJinja2 renders every embedded template with Go and with
+// real Jinja2 set up as transformers sets it up, and wants the same bytes.
+func TestTemplatesMatchJinja2(t *testing.T) {
+	conversations := map[string]string{
+		"one user turn": `[{"role":"user","content":"Hello there!"}]`,
+		"system and turns": `[{"role":"system","content":"You are terse.  "},{"role":"user","content":"  Hi! "},
+			{"role":"assistant","content":"Hello."},{"role":"user","content":"Quote \"this\" & <that>, ünïcödé 日本 😀\n\ttabs"}]`,
+		"tool call": `[{"role":"user","content":"Weather in Paris?"},
+			{"role":"assistant","content":"","tool_calls":[{"id":"abcdefghi","type":"function","function":{"name":"get_weather","arguments":{"unit":"c","city":"Paris"}}}]},
+			{"role":"tool","tool_call_id":"abcdefghi","content":"22C"},{"role":"user","content":"Thanks"}]`,
+		"bad roles": `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`,
+	}
+	// Keys are in sorted order and free of <, > and &: llama3 prints tools
+	// with tojson(indent=4), where ardanlabs/jinja v1.8.0 falls back to
+	// encoding/json, which sorts keys and escapes those characters.
+	tools := `[{"function":{"description":"Get the weather ünï 'q' \"dq\"","name":"get_weather",
+		"parameters":{"properties":{"city":{"description":"City","type":"string"},"unit":{"enum":["c","f"],"type":"string"}},"required":["city"],"type":"object"}},"type":"function"}]`
+
+	type tcase struct {
+		name, family, messages, tools string
+		agp                           bool
+	}
+	var cases []tcase
+	for _, fam := range []string{"chatml", "llama3", "mistral", "gemma"} {
+		for name, msgs := range conversations {
+			cases = append(cases, tcase{fam + "/" + name, fam, msgs, "", true})
+			cases = append(cases, tcase{fam + "/" + name + "/no generation prompt", fam, msgs, "", false})
+			if name != "bad roles" {
+				cases = append(cases, tcase{fam + "/" + name + "/tools", fam, msgs, tools, true})
+			}
+		}
+	}
+	var ref []map[string]any
+	for _, c := range cases {
+		vars := map[string]any{"messages": json.RawMessage(c.messages), "add_generation_prompt": c.agp,
+			"bos_token": families[c.family].bos, "eos_token": families[c.family].eos}
+		if c.tools != "" {
+			vars["tools"] = json.RawMessage(c.tools)
+		}
+		ref = append(ref, map[string]any{"template": filepath.Join("templates", c.family+".jinja"), "vars": vars})
+	}
+	want := runRender(t, ref)
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tpl, err := newChatTemplate(c.family, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := tpl.render(chatRender{messages: json.RawMessage(c.messages), tools: json.RawMessage(c.tools), addGenerationPrompt: c.agp})
+			var w string
+			if json.Unmarshal(want[i], &w) != nil {
+				// Jinja2 raised: Go must fail too.
+				if err == nil {
+					t.Fatalf("Jinja2 failed (%s), Go rendered %q", want[i], got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Go failed: %v; Jinja2 rendered %q", err, w)
+			}
+			if got != w {
+				t.Fatalf("renders differ\n  Go: %q\nJinja2: %q", got, w)
+			}
+		})
+	}
+}
+
+// runRender renders cases with testdata/render.py.
+func runRender(t *testing.T, cases any) []json.RawMessage {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3 is not on PATH: run make setup (pip install -r e2e/requirements.txt)")
+	}
+	in, _ := json.Marshal(cases)
+	cmd := exec.Command(py, "testdata/render.py")
+	cmd.Stdin = bytes.NewReader(in)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		if cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == 3 {
+			t.Fatalf("Jinja2 is missing: run make setup (pip install -r e2e/requirements.txt): %s", stderr.String())
+		}
+		t.Fatalf("render.py: %v: %s", err, stderr.String())
+	}
+	var res []json.RawMessage
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestContentParts(t *testing.T) {
+	msgs := `[{"role":"user","content":[{"type":"text","text":"first"},{"type":"text","text":"second"}]}]`
+	tests := []struct {
+		family, want string
+	}{
+		// vLLM's "string" content format: parts joined by newlines.
+		{"chatml", "<|im_start|>user\nfirst\nsecond<|im_end|>\n"},
+		// gemma iterates over the parts itself ("openai" format).
+		{"gemma", "<bos><start_of_turn>user\nfirstsecond<end_of_turn>\n"},
+	}
+	for _, tt := range tests {
+		tpl, err := newChatTemplate(tt.family, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tpl.render(chatRender{messages: json.RawMessage(msgs)})
+		if err != nil || !strings.HasSuffix(got, tt.want) {
+			t.Errorf("%s: %q, %v; want suffix %q", tt.family, got, err, tt.want)
+		}
+	}
+	tpl, _ := newChatTemplate("chatml", "")
+	for _, bad := range []string{
+		`[]`, `{}`, `[1]`, `[{"content":"x"}]`, `[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]`,
+		`[{"role":"user","content":7}]`, `[{"role":"user","content":"x"}`,
+	} {
+		if _, err := tpl.render(chatRender{messages: json.RawMessage(bad)}); err == nil {
+			t.Errorf("messages %s rendered", bad)
+		}
+	}
+}
+
+func TestContinueFinalMessage(t *testing.T) {
+	tpl, _ := newChatTemplate("chatml", "")
+	got, err := tpl.render(chatRender{
+		messages:      json.RawMessage(`[{"role":"user","content":"Hi"},{"role":"assistant","content":"Once upon"}]`),
+		continueFinal: true,
+	})
+	if err != nil || !strings.HasSuffix(got, "<|im_start|>assistant\nOnce upon") {
+		t.Fatalf("%q, %v", got, err)
+	}
+}
+
+func TestModelFamilies(t *testing.T) {
+	for model, want := range map[string]string{
+		"Qwen/Qwen2.5-7B-Instruct":             "chatml",
+		"meta-llama/Llama-3.1-8B-Instruct":     "llama3",
+		"meta-llama/Llama-3.3-70B-Instruct":    "llama3",
+		"mistralai/Mistral-Nemo-Instruct-2407": "mistral",
+		"google/gemma-3-4b-it":                 "gemma",
+		"some/other-model":                     "",
+	} {
+		if got := familyOf(model); got != want {
+			t.Errorf("familyOf(%q) = %q, want %q", model, got, want)
+		}
+	}
+	if _, err := newChatTemplate("chatm", ""); err == nil {
+		t.Error("a misspelt template name was taken as a template")
+	}
+	if tpl, err := newChatTemplate("", "some/other-model"); tpl != nil || err != nil {
+		t.Errorf("unknown model: %v, %v", tpl, err)
+	}
+}
