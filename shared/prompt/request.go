@@ -82,9 +82,12 @@ func (r *Renderer) parse(body []byte) error {
 			r.req.model = v
 			return err
 		case s.equalStr(key, "messages"):
-			if s.ws() != '[' {
+			if c := s.ws(); c != '[' {
 				r.req.messages = false
-				return s.skip(1)
+				if err := s.skip(1); err != nil || c == 'n' {
+					return err
+				}
+				return malformed("messages is not an array")
 			}
 			r.req.messages = true
 			r.msgs = r.msgs[:0]
@@ -93,10 +96,7 @@ func (r *Renderer) parse(body []byte) error {
 		case s.equalStr(key, "prompt"):
 			r.req.prompt = r.rawValue(1)
 		case s.equalStr(key, "tools"):
-			r.req.tools = r.rawValue(1)
-			if r.req.tools.ok && body[r.req.tools.off] == 'n' {
-				r.req.tools.ok = false // null
-			}
+			r.req.tools = r.valueAt(s, 1)
 		case s.equalStr(key, "add_generation_prompt"):
 			r.req.noGen = s.ws() == 'f'
 			return s.skip(1)
@@ -154,10 +154,7 @@ func (r *Renderer) parseMessage() error {
 			m.name = v
 			return err
 		case s.equalStr(key, "tool_calls"):
-			m.calls = r.rawValue(3)
-			if m.calls.ok && s.b[m.calls.off] == 'n' {
-				m.calls.ok = false
-			}
+			m.calls = r.valueAt(s, 3)
 			return r.err
 		case s.equalStr(key, "tool_call_id"):
 			m.callIDSet = true
