@@ -3,8 +3,15 @@
 // and exits with the program's exit code. It exists so that `go test -exec`
 // can run test binaries, and so measure benchmarks, inside Wasm:
 //
-//	go build -o /tmp/wasmexec ./e2e/cmd/wasmexec
-//	GOOS=wasip1 GOARCH=wasm go test -exec /tmp/wasmexec -run '^$' -bench . ./shared/blockhash
+//	go build -o bin/wasmexec ./e2e/cmd/wasmexec
+//	GOOS=wasip1 GOARCH=wasm go test -exec $PWD/bin/wasmexec -run '^$' -bench . ./shared/blockhash
+//
+// or in one line, building it for the host rather than for wasip1:
+//
+//	GOOS=wasip1 GOARCH=wasm go test -exec "env GOOS= GOARCH= go run github.com/kvroute/kvroute/e2e/cmd/wasmexec" ./shared/prompt
+//
+// go test runs the -exec command in each package's directory, so a relative
+// path (./e2e/cmd/wasmexec) does not resolve there.
 //
 // It compiles with wazero's optimizing compiler and caches compiled modules
 // in $WASMEXEC_CACHE (default: a wasmexec directory in the user cache
