@@ -341,20 +341,23 @@ func TestMetricsMoveWithLoad(t *testing.T) {
 
 func TestSaturatedTTFTGrowsWithQueue(t *testing.T) {
 	cfg := testConfig()
-	// Real time: each prefill takes ~80 ms of wall time, far longer than a
-	// client needs to send the next request, even under -race, so the burst
-	// queues up in the engine rather than in the clients.
-	cfg.TimeScale = 1
+	// Prefill ten times dearer than the default model, at half real time:
+	// each short prompt keeps the engine busy ~50 ms of wall time, far
+	// longer than a client needs to tokenize and send the next one even
+	// under -race, so the burst queues up in the engine, not in the clients.
+	cfg.TimeScale = 0.5
+	cfg.Cost.Step = DefaultCostModel.Step
+	cfg.Cost.PrefillToken = 10 * DefaultCostModel.PrefillToken
 	cfg.NumGPUBlocks = 1024
 	cfg.MaxNumSeqs = 4
-	cfg.MaxNumBatchedTokens = 1024
+	cfg.MaxNumBatchedTokens = 128
 	e := startEngine(t, cfg)
 	meanTTFT := func(k int, tag string) float64 {
 		before := scrape(t, e)
 		var wg sync.WaitGroup
 		for i := range k {
 			wg.Add(1)
-			go func() { defer wg.Done(); chat(t, e, longPrompt(fmt.Sprint(tag, i), 1500), 2) }()
+			go func() { defer wg.Done(); chat(t, e, longPrompt(fmt.Sprint(tag, i), 200), 2) }()
 		}
 		wg.Wait()
 		after := scrape(t, e)
@@ -557,5 +560,21 @@ func TestStartN(t *testing.T) {
 			seen[a] = true
 		}
 		chat(t, e, "hello", 1)
+	}
+}
+
+// TestTimeScaleKeepsSimulatedTimes runs the same request at two speeds and
+// without pacing: the engine reports the same simulated TTFT.
+func TestTimeScaleKeepsSimulatedTimes(t *testing.T) {
+	prompt := longPrompt("scale", 1000)
+	var ttfts []float64
+	for _, scale := range []float64{0, 0.01, 0.1} {
+		cfg := testConfig()
+		cfg.NumGPUBlocks = 256
+		cfg.TimeScale = scale
+		ttfts = append(ttfts, ttftOf(t, startEngine(t, cfg), prompt))
+	}
+	if math.Abs(ttfts[1]-ttfts[0]) > 1e-9 || math.Abs(ttfts[2]-ttfts[0]) > 1e-9 {
+		t.Fatalf("TTFT at time scales 0, 0.01, 0.1: %v", ttfts)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -297,7 +298,27 @@ type pyPeer struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan map[string]any
-	stderr *bytes.Buffer
+	stderr *syncBuffer
+	exited chan struct{} // closed once the process has been waited for
+}
+
+// syncBuffer is a bytes.Buffer that a child's stderr may write to while the
+// test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // startPeer starts the Python peer. It fails the test, never skips it,
@@ -308,7 +329,7 @@ func startPeer(t *testing.T, args ...string) *pyPeer {
 	if err != nil {
 		t.Fatal("python3 is not on PATH: run make setup (pip install -r e2e/requirements.txt)")
 	}
-	p := &pyPeer{cmd: exec.Command(py, append([]string{"testdata/kvpeer.py"}, args...)...), lines: make(chan map[string]any, 1024), stderr: &bytes.Buffer{}}
+	p := &pyPeer{cmd: exec.Command(py, append([]string{"testdata/kvpeer.py"}, args...)...), lines: make(chan map[string]any, 1024), stderr: &syncBuffer{}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.stderr
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
@@ -331,16 +352,18 @@ func startPeer(t *testing.T, args ...string) *pyPeer {
 			}
 			p.lines <- m
 		}
+		// Wait closes the pipe, so only once everything is read.
+		p.cmd.Wait()
+		close(p.exited)
 		close(p.lines)
 	}()
 	t.Cleanup(func() {
 		p.stdin.Close()
-		done := make(chan struct{})
-		go func() { p.cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-p.exited:
 		case <-time.After(5 * time.Second):
 			p.cmd.Process.Kill()
+			<-p.exited
 		}
 	})
 	return p
@@ -352,8 +375,8 @@ func (p *pyPeer) next(t *testing.T, d time.Duration) map[string]any {
 	select {
 	case m, ok := <-p.lines:
 		if !ok {
-			p.cmd.Wait()
-			if p.cmd.ProcessState != nil && p.cmd.ProcessState.ExitCode() == 3 {
+			<-p.exited
+			if p.cmd.ProcessState.ExitCode() == 3 {
 				t.Fatalf("Python peer is missing packages: run make setup (pip install -r e2e/requirements.txt): %s", p.stderr)
 			}
 			t.Fatalf("Python peer exited: %s", p.stderr)

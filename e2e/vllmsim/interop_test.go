@@ -33,18 +33,21 @@ func TestPyzmqInterop(t *testing.T) {
 			e := startEngine(t, cfg)
 			peerEnc := tt.name
 			peer := startPeer(t, "sub", e.EventsEndpoint(), cfg.KVEvents.Topic, peerEnc, "0")
-			peer.next(t, 10*time.Second) // ready
+			peer.next(t, 30*time.Second) // ready; Python starts slowly on a busy machine
 
 			// Until the subscription is live, every reset's AllBlocksCleared
 			// is lost; the first one the peer sees starts the stream.
-			var first map[string]any
-			for first == nil {
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				if time.Now().After(deadline) {
+					t.Fatalf("the Python SUB received nothing; stderr: %s", peer.stderr)
+				}
 				e.ResetPrefixCache()
 				select {
-				case m := <-peer.lines:
-					first = m
+				case <-peer.lines:
 				case <-time.After(100 * time.Millisecond):
+					continue
 				}
+				break
 			}
 			for drained := false; !drained; {
 				select {
