@@ -142,7 +142,7 @@ func (r *Renderer) chatml(dst []byte) ([]byte, error) {
 			if dst = r.joined(append(dst, '\n'), m); len(dst) == mark+1 {
 				dst = dst[:mark] // {%- if message.content %}
 			}
-			err = r.eachCall(m, func(_ int, c *call) error {
+			err = r.eachCall(m, func(_ int, c call) error {
 				dst = append(dst, "\n<tool_call>\n{\"name\": \""...)
 				dst = append(r.s.appendStr(dst, c.name), "\", \"arguments\": "...)
 				var err error
@@ -219,7 +219,7 @@ func (r *Renderer) llama3(dst []byte) ([]byte, error) {
 			if n != 1 {
 				return dst, rejected("This model only supports single tool-calls at once!")
 			}
-			err = r.eachCall(m, func(_ int, c *call) error {
+			err = r.eachCall(m, func(_ int, c call) error {
 				dst = append(dst, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \""...)
 				dst = append(r.s.appendStr(dst, c.name), "\", \"parameters\": "...)
 				var err error
@@ -310,7 +310,7 @@ func (r *Renderer) mistral(dst []byte) ([]byte, error) {
 			if err != nil {
 				return dst, err
 			}
-			err = r.eachCall(m, func(i int, c *call) error {
+			err = r.eachCall(m, func(i int, c call) error {
 				// {%- set out = tool_call.function|tojson %}{{- out[:-1] }}
 				var err error
 				if dst, err = r.appendFunction(dst, c); err != nil {
@@ -418,7 +418,7 @@ func (r *Renderer) mistralTools(dst []byte) ([]byte, error) {
 // appendFunction appends tojson of a tool call's function object without its
 // closing brace, arguments parsed as vLLM parses them (and added as {} at
 // the end when missing).
-func (r *Renderer) appendFunction(dst []byte, c *call) ([]byte, error) {
+func (r *Renderer) appendFunction(dst []byte, c call) ([]byte, error) {
 	dst = append(dst, '{')
 	n, haveArgs := 0, false
 	fs := r.sub(c.fn)
@@ -531,7 +531,7 @@ func (r *Renderer) plain(dst []byte) ([]byte, error) {
 		if m.role != roleAssistant || !m.calls.ok {
 			continue
 		}
-		err := r.eachCall(m, func(_ int, c *call) error {
+		err := r.eachCall(m, func(_ int, c call) error {
 			dst = append(r.s.appendStr(append(dst, "tool_call: "...), c.name), ' ')
 			if c.args.ok && r.s.b[c.args.off] == '"' {
 				v, _ := r.sub(c.args).str()

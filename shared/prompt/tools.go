@@ -190,7 +190,7 @@ type call struct {
 
 // eachCall calls f with each of m's tool calls. vLLM hands templates the
 // request's tool calls, so each needs a function object with a name.
-func (r *Renderer) eachCall(m *message, f func(i int, c *call) error) error {
+func (r *Renderer) eachCall(m *message, f func(i int, c call) error) error {
 	s := r.sub(m.calls)
 	if s.ws() != '[' {
 		return malformed("tool_calls is not an array")
@@ -243,7 +243,7 @@ func (r *Renderer) eachCall(m *message, f func(i int, c *call) error) error {
 		if !c.name.ok {
 			return malformed("a tool call's function has no name")
 		}
-		err = f(i, &c)
+		err = f(i, c)
 		i++
 		return err
 	})
@@ -255,7 +255,7 @@ func (r *Renderer) countCalls(m *message) (int, error) {
 		return 0, nil
 	}
 	n := 0
-	err := r.eachCall(m, func(int, *call) error { n++; return nil })
+	err := r.eachCall(m, func(int, call) error { n++; return nil })
 	return n, err
 }
 
