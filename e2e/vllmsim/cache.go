@@ -61,9 +61,6 @@ func (p *blockPool) unlinkFree(b *block) {
 	p.nfree--
 }
 
-// usable is the number of blocks requests can hold.
-func (p *blockPool) usable() int { return len(p.blocks) }
-
 // usage is vllm:kv_cache_usage_perc: the fraction of blocks held by requests.
 func (p *blockPool) usage() float64 {
 	return 1 - float64(p.nfree)/float64(len(p.blocks))

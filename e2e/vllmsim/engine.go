@@ -443,7 +443,6 @@ func (e *Engine) complete(plan []work, end float64) {
 		tok := fillerToken(r.outputLen())
 		r.tokens = append(r.tokens, tok)
 		if r.outputLen() == 1 {
-			r.firstToken = end
 			m.ttft.Observe(end - r.arrival)
 			m.queue.Observe(r.scheduled - r.arrival)
 			m.promptTokens.Add(float64(r.promptLen))
@@ -468,6 +467,8 @@ func (e *Engine) finish(r *request, reason string, v float64) {
 	e.sched.remove(r)
 	r.out.done(reason, r.cachedToks)
 	r.out = nil
+	e.log.Debug("request finished", "id", r.id, "reason", reason, "prompt", r.promptLen, "cached", r.cachedToks,
+		"output", r.outputLen(), "preemptions", r.preemptions, "latency", v-r.arrival)
 	e.metrics.success.WithLabelValues(reason).Inc()
 	if reason != "abort" {
 		e.metrics.e2e.Observe(v - r.arrival)

@@ -1,0 +1,39 @@
+package vllmsim
+
+import (
+	"math"
+	"testing"
+)
+
+// The default cost model reproduces the calibration point it is derived
+// from: one 8192-token prefill in 0.40 s, R_peak = 20480 tokens/s
+// (Qwen3-32B, TP=2 on H100, llm-d blog 2026-08-17).
+func TestDefaultCostModelCalibration(t *testing.T) {
+	m := DefaultCostModel
+	if got := m.Step + m.prefill(8192, 0); math.Abs(got-0.40) > 0.001 {
+		t.Errorf("T(8192) = %.4f s, want 0.40 s", got)
+	}
+	if got := m.PeakPrefill(8192); math.Abs(got-20480) > 50 {
+		t.Errorf("R_peak = %.0f tokens/s, want 20480", got)
+	}
+	// Attention makes a chunk after a long cached prefix dearer than the
+	// same chunk from scratch, and decoding dearer with context.
+	if m.prefill(1024, 30000) <= m.prefill(1024, 0) || m.decode(30000) <= m.decode(100) {
+		t.Error("costs do not grow with context")
+	}
+}
+
+func TestCostModelValidate(t *testing.T) {
+	bad := DefaultCostModel
+	bad.DecodeContext = math.NaN()
+	if bad.validate() == nil {
+		t.Error("NaN cost accepted")
+	}
+	bad.DecodeContext = -1
+	if bad.validate() == nil {
+		t.Error("negative cost accepted")
+	}
+	if DefaultCostModel.validate() != nil {
+		t.Error("default cost model rejected")
+	}
+}
