@@ -336,3 +336,40 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// The Go runtime calls poll_oneoff only when it sleeps or idles, and Envoy
+// releases before proxy-wasm-cpp-host commit 94091cd answer ENOSYS, which the
+// runtime treats as fatal (wasmhost's TestPollOneoffSemantics shows it). This
+// records that kvroute's request path never sleeps: a GC-running mixed
+// workload on a legacy host makes no poll_oneoff call at all.
+func TestRequestPathNeverSleepsOnLegacyHost(t *testing.T) {
+	h := newHost(t, wasmhost.Legacy)
+	vm := newVM(t, h, pluginConfig(t, map[string]any{"max_body_bytes": 1 << 20}))
+	escaped := strings.Repeat(`say \"hi\"\n\tand caf\u00e9 `, 40)
+	for i := range 20000 {
+		var body []byte
+		switch i % 5 {
+		case 0:
+			body = chatBody(t, "qwen", "system "+strconv.Itoa(i%97), escaped)
+		case 1:
+			body = []byte(`{"model":"qwen","prompt":[` + strings.Repeat("17,", i%300) + `1]}`)
+		case 2:
+			body = []byte(`{"model":"qwen","messages":[{"role":"user","content":"` + escaped + strconv.Itoa(i))
+		case 3:
+			body = chatBody(t, "llama", strings.Repeat("long context ", 1+i%20000))
+		case 4:
+			body = []byte(`{"model":"qwen","prompt":"` + strings.Repeat("p", i%5000) + `"}`)
+		}
+		s := send(t, vm, postHeaders("/v1/chat/completions"), body, 16<<10)
+		s.Close()
+	}
+	gc, _ := h.Metric("kvroute.vm.gc_cycles")
+	heap, _ := h.Metric("kvroute.vm.heap_bytes")
+	t.Logf("20000 requests on a legacy host: %d GC cycles, heap %d bytes, %d pages of linear memory", gc, heap, vm.MemoryPages())
+	if n := h.PollCalls(); n != 0 {
+		t.Errorf("the request path called poll_oneoff %d times; legacy Envoy hosts abort the VM on it", n)
+	}
+	if gc == 0 {
+		t.Error("no GC cycle ran; the workload no longer exercises the collector")
+	}
+}

@@ -23,9 +23,14 @@ type pluginContext struct {
 	types.DefaultPluginContext
 	router   router
 	outcomes [numOutcomes]proxywasm.MetricCounter
+	runtime  *runtimeStats
+	streams  uint64
 	// body is reused across this VM's requests.
 	body []byte
 }
+
+// runtimeStatsEvery is how many streams pass between runtime-stat updates.
+const runtimeStatsEvery = 64
 
 func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	data, err := proxywasm.GetPluginConfiguration()
@@ -42,10 +47,15 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	for o := range p.outcomes {
 		p.outcomes[o] = proxywasm.DefineCounterMetric("kvroute.requests." + outcome(o).String())
 	}
+	p.runtime = newRuntimeStats()
 	return types.OnPluginStartStatusOK
 }
 
 func (p *pluginContext) NewHttpContext(uint32) types.HttpContext {
+	if p.streams%runtimeStatsEvery == 0 {
+		p.runtime.update()
+	}
+	p.streams++
 	return &httpContext{plugin: p}
 }
 
