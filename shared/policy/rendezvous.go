@@ -1,4 +1,3 @@
-// Package policy chooses the endpoint for a request.
 package policy
 
 import "github.com/cespare/xxhash/v2"

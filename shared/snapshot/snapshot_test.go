@@ -1,0 +1,232 @@
+package snapshot
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+func TestRoundTrip(t *testing.T) {
+	b := newBuilder(t, BuilderConfig{ShardBits: 2}, 5)
+	if _, err := b.SetEndpoint(EndpointInfo{Addr: "10.1.0.9:8000", Models: []string{"qwen"}, Adapters: []string{"sql-lora"}, Health: HealthDraining, Signal: SignalRequests, Threshold: 64}); err != nil {
+		t.Fatal(err)
+	}
+	m := model{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 2000 {
+		h := rng.Uint64()
+		// 1, 2 or 3+ holders, on either tier, some on both.
+		for s := range 1 + i%6 {
+			tier := Tier(rng.IntN(2))
+			b.Add(s, h, tier)
+			m.add(h, s, tier)
+			if i%7 == 0 {
+				b.Add(s, h, TierCPU)
+				m.add(h, s, TierCPU)
+			}
+		}
+	}
+	st := newStore()
+	st.fetch(t, b.Build(epoch))
+	v := NewView(st.keys)
+	rs, err := v.Refresh(st.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rs.Changed || rs.Calls != 3+4 {
+		t.Errorf("first Refresh = %+v, want a change over 7 reads", rs)
+	}
+	checkView(t, v, m, 1000, rng)
+
+	man := v.Manifest()
+	if man.Generation() != 1 || !man.Created().Equal(epoch) || man.NumShards() != 4 || man.NumEndpoints() != 6 {
+		t.Errorf("manifest gen %d created %v shards %d endpoints %d", man.Generation(), man.Created(), man.NumShards(), man.NumEndpoints())
+	}
+	e := man.Endpoint(3)
+	if e.Addr() != "10.0.0.3:8000" || e.Health() != HealthHealthy || e.Running() != 3 || e.Waiting() != 0 ||
+		e.PrefillTokens() != 3000 || e.KVCacheUsage() != 0.5 || e.PrefillRate() != 15928 || e.Since() != 1 {
+		t.Errorf("endpoint 3 = %s %v %d %d %d %v %v since %d", e.Addr(), e.Health(), e.Running(), e.Waiting(), e.PrefillTokens(), e.KVCacheUsage(), e.PrefillRate(), e.Since())
+	}
+	llama, qwen, lora := man.Model("meta-llama/Llama-3.1-8B-Instruct"), man.Model("qwen"), man.Model("sql-lora")
+	if llama < 0 || qwen < 0 || lora < 0 || man.Model("gpt-4") != -1 {
+		t.Fatalf("model ids %d %d %d", llama, qwen, lora)
+	}
+	q := man.Endpoint(5)
+	if !q.Serves(qwen) || !q.Serves(lora) || q.Serves(llama) || e.Serves(qwen) || !e.Serves(llama) {
+		t.Error("Serves disagrees with the models set")
+	}
+	if sig, thr := q.Saturation(); sig != SignalRequests || thr != 64 || q.Health() != HealthDraining {
+		t.Errorf("endpoint 5 saturation %v %d health %v", sig, thr, q.Health())
+	}
+	if name, adapter := q.Model(1); name != "sql-lora" || !adapter || q.NumModels() != 2 {
+		t.Errorf("endpoint 5 model 1 = %q adapter %v of %d", name, adapter, q.NumModels())
+	}
+
+	// An unchanged head costs one small read.
+	rs, err = v.Refresh(st.get)
+	if err != nil || rs.Changed || rs.Calls != 1 || rs.Bytes != headSize {
+		t.Errorf("idle Refresh = %+v, %v", rs, err)
+	}
+}
+
+// TestIncremental runs random index and endpoint changes through many
+// generations and checks the view against the model after each refresh,
+// with a delta budget small enough that shards compact all the time.
+func TestIncremental(t *testing.T) {
+	for _, budget := range []int{-1, 50, 0} {
+		b := newBuilder(t, BuilderConfig{ShardBits: 3, DeltaBudget: budget, FirstGeneration: 1000}, 8)
+		m := model{}
+		rng := rand.New(rand.NewPCG(3, uint64(budget+10)))
+		st := newStore()
+		v := NewView(st.keys)
+		var keys []uint64
+		for gen := range 60 {
+			for range 1 + rng.IntN(200) {
+				slot := rng.IntN(8)
+				if !b.live(slot) {
+					continue
+				}
+				tier := Tier(rng.IntN(2))
+				if len(keys) == 0 || rng.IntN(3) > 0 {
+					h := rng.Uint64()
+					if rng.IntN(4) == 0 && len(keys) > 0 {
+						h = keys[rng.IntN(len(keys))] // more holders for a known block
+					} else {
+						keys = append(keys, h)
+					}
+					b.Add(slot, h, tier)
+					m.add(h, slot, tier)
+				} else {
+					h := keys[rng.IntN(len(keys))]
+					b.Remove(slot, h, tier)
+					m.remove(h, slot, tier)
+				}
+			}
+			switch gen % 20 {
+			case 7: // an engine restarts
+				b.ClearEndpoint(2)
+				m.clearSlot(2)
+			case 13: // an endpoint leaves and another takes its slot in the same generation
+				addr := endpointInfo(5).Addr
+				b.RemoveEndpoint(addr)
+				m.clearSlot(5)
+				info := endpointInfo(5)
+				info.Addr = "10.9.9.9:8000"
+				if slot, err := b.SetEndpoint(info); err != nil || slot != 5 {
+					t.Fatalf("reused slot = %d, %v", slot, err)
+				}
+			case 17: // and the new one leaves again, freeing the slot
+				b.RemoveEndpoint("10.9.9.9:8000")
+				m.clearSlot(5)
+			case 18:
+				if slot, err := b.SetEndpoint(endpointInfo(5)); err != nil || slot != 5 {
+					t.Fatalf("re-add = %d, %v", slot, err)
+				}
+			}
+			im := b.Build(epoch)
+			st.fetch(t, im)
+			if _, err := v.Refresh(st.get); err != nil {
+				t.Fatalf("budget %d gen %d: %v", budget, gen, err)
+			}
+			if v.Size() != im.Size() {
+				t.Fatalf("view holds %d bytes, image has %d", v.Size(), im.Size())
+			}
+			if got := b.Entries(); got != len(m) {
+				t.Fatalf("Entries() = %d, model has %d", got, len(m))
+			}
+			checkView(t, v, m, 50, rng)
+			if budget > 0 && b.dirty > budget {
+				t.Fatalf("delta holds %d entries over a budget of %d", b.dirty, budget)
+			}
+			if budget < 0 && b.dirty != 0 {
+				t.Fatalf("delta holds %d entries with the delta disabled", b.dirty)
+			}
+		}
+		if e := v.Manifest().Endpoint(5); e.Addr() != endpointInfo(5).Addr || e.Since() <= 1000 {
+			t.Errorf("slot 5 = %s since %d", e.Addr(), e.Since())
+		}
+	}
+}
+
+// TestRefreshKeepsOld checks that a refresh meeting parts of another
+// generation, or corrupt ones, adopts nothing and can succeed later.
+func TestRefreshKeepsOld(t *testing.T) {
+	b := newBuilder(t, BuilderConfig{ShardBits: 2}, 3)
+	m := model{}
+	rng := rand.New(rand.NewPCG(5, 6))
+	add := func(n int) {
+		for range n {
+			h := rng.Uint64()
+			b.Add(0, h, TierGPU)
+			m.add(h, 0, TierGPU)
+		}
+	}
+	add(100)
+	st := newStore()
+	st.fetch(t, b.Build(epoch))
+	v := NewView(st.keys)
+	if _, err := v.Refresh(st.get); err != nil {
+		t.Fatal(err)
+	}
+	old := maps_clone(m)
+	add(100)
+	im := b.Build(epoch)
+
+	// The fetcher has stored the new delta but not yet the manifest.
+	bd, err := ParseBundle(im.AppendBundle(nil, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range bd.Parts() {
+		if p.Kind == KindDelta {
+			st.kv[st.keys.Part(p)] = p.Data
+		}
+	}
+	checkView(t, v, old, 0, rng) // the old delta is held; the new one is not read
+	st.kv[st.keys.Head()] = bd.Manifest().AppendHead(nil)
+	if _, err := v.Refresh(st.get); !errors.Is(err, ErrInconsistent) {
+		t.Fatalf("head ahead of the manifest: %v, want ErrInconsistent", err)
+	}
+	checkView(t, v, old, 0, rng)
+
+	// All stored, but the delta (the part that changed) is corrupt.
+	st.held = nil
+	st.fetch(t, im)
+	key := st.keys.Delta()
+	good := st.kv[key]
+	bad := slices.Clone(good)
+	bad[len(bad)/2] ^= 1
+	st.kv[key] = bad
+	if _, err := v.Refresh(st.get); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupt delta: %v, want ErrCorrupt", err)
+	}
+	if v.Manifest().Generation() != 1 {
+		t.Fatal("view adopted a generation with a corrupt delta")
+	}
+	checkView(t, v, old, 0, rng)
+	st.kv[key] = good
+	if rs, err := v.Refresh(st.get); err != nil || !rs.Changed {
+		t.Fatalf("Refresh after repair = %+v, %v", rs, err)
+	}
+	checkView(t, v, m, 100, rng)
+
+	// A missing key is reported with its name.
+	delete(st.kv, st.keys.Head())
+	if _, err := v.Refresh(st.get); !errors.Is(err, errNotFound) {
+		t.Fatalf("missing head: %v", err)
+	}
+}
+
+func maps_clone(m model) model {
+	c := model{}
+	for h, s := range m {
+		for slot, mask := range s {
+			if c[h] == nil {
+				c[h] = map[int]uint8{}
+			}
+			c[h][slot] = mask
+		}
+	}
+	return c
+}
