@@ -443,6 +443,7 @@ func (e *Engine) complete(plan []work, end float64) {
 		tok := fillerToken(r.outputLen())
 		r.tokens = append(r.tokens, tok)
 		if r.outputLen() == 1 {
+			r.firstToken = end
 			m.ttft.Observe(end - r.arrival)
 			m.queue.Observe(r.scheduled - r.arrival)
 			m.promptTokens.Add(float64(r.promptLen))
@@ -471,6 +472,9 @@ func (e *Engine) finish(r *request, reason string, v float64) {
 		"output", r.outputLen(), "preemptions", r.preemptions, "latency", v-r.arrival)
 	e.metrics.success.WithLabelValues(reason).Inc()
 	if reason != "abort" {
+		// Like vLLM, the prefill time (first scheduled to first token) is
+		// recorded when the request finishes, not when its prefill does.
+		e.metrics.prefill.Observe(r.firstToken - r.scheduled)
 		e.metrics.e2e.Observe(v - r.arrival)
 		e.metrics.requestPrompt.Observe(float64(r.promptLen))
 		e.metrics.requestGeneration.Observe(float64(r.outputLen()))

@@ -20,7 +20,7 @@ type metrics struct {
 	promptTokens, generationTokens       prometheus.Counter
 	preemptions                          prometheus.Counter
 	success                              *prometheus.CounterVec
-	ttft, itl, e2e, queue                prometheus.Histogram
+	ttft, itl, e2e, queue, prefill       prometheus.Histogram
 	requestPrompt, requestGeneration     prometheus.Histogram
 	loraInfo                             *prometheus.GaugeVec // only with LoRA modules
 	lastQueries, lastHits, lastPreempted int
@@ -87,6 +87,7 @@ func newMetrics(cfg *Config) *metrics {
 	m.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets)
 	m.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latencyBuckets)
 	m.queue = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", latencyBuckets)
+	m.prefill = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", latencyBuckets)
 	m.requestPrompt = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", buckets125(cfg.MaxModelLen))
 	m.requestGeneration = histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", buckets125(cfg.MaxModelLen))
 

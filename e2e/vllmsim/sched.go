@@ -22,6 +22,7 @@ type request struct {
 
 	arrival     float64 // simulated seconds
 	scheduled   float64 // first admission
+	firstToken  float64
 	lastToken   float64
 	cachedToks  int // prompt tokens served from the cache at first admission
 	preemptions int

@@ -1,0 +1,41 @@
+package vllmsim
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"testing"
+)
+
+// TestPrefillTimeHistogram checks vllm:request_prefill_time_seconds: one
+// observation per finished request, recorded at the finish, worth the time
+// from first scheduling to the first token. Without pacing, simulated time
+// is the cost model's alone, so a lone prompt's prefill time is exactly
+// one step's cost.
+func TestPrefillTimeHistogram(t *testing.T) {
+	cfg := testConfig()
+	cfg.NumGPUBlocks = 256
+	cfg.TimeScale = 0
+	e := startEngine(t, cfg)
+	prompt := make([]int, 1000)
+	for i := range prompt {
+		prompt[i] = 1000 + i
+	}
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 3})
+	if code, b := post(t, e.URL()+"/v1/completions", string(body)); code != http.StatusOK {
+		t.Fatalf("completion: %d %s", code, b)
+	}
+	mf := scrape(t, e)
+	if n := histCount(t, mf, "vllm:request_prefill_time_seconds"); n != 1 {
+		t.Fatalf("prefill time observed %d times, want 1", n)
+	}
+	want := cfg.withDefaultsT(t).Cost.Step + DefaultCostModel.prefill(1000, 0)
+	if got := value(t, mf, "vllm:request_prefill_time_seconds"); math.Abs(got-want) > 1e-9 {
+		t.Errorf("prefill time %.6f s, want %.6f s", got, want)
+	}
+	buckets := mf["vllm:request_prefill_time_seconds"].Metric[0].Histogram.Bucket
+	// The text parser adds the +Inf bucket.
+	if len(buckets) != len(latencyBuckets)+1 || buckets[0].GetUpperBound() != 0.3 || buckets[len(buckets)-2].GetUpperBound() != 7680 {
+		t.Errorf("prefill time buckets %v, want vLLM's request latency buckets", buckets)
+	}
+}
