@@ -510,3 +510,15 @@ func TestConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestPickNoAllocs holds a decision to zero allocations once the Picker's
+// scratch space has grown.
+func TestPickNoAllocs(t *testing.T) {
+	v, hashes := fixture(t, []ep{warm(0, 1900), cold(0), warm(second, 1500), cold(2 * second)})
+	p := picker(t, nil)
+	r := Request{Model: model, Hashes: hashes, Local: make([]Local, 4)}
+	p.Pick(v, &r)
+	if n := testing.AllocsPerRun(100, func() { r.Random++; p.Pick(v, &r) }); n != 0 {
+		t.Errorf("Pick: %v allocations", n)
+	}
+}

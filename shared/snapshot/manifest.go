@@ -122,14 +122,16 @@ func (m *Manifest) Endpoint(i int) Endpoint {
 // if no endpoint serves it. It does not allocate.
 func (m *Manifest) Model(name string) int {
 	for i := 0; i < m.m; i++ {
-		if m.name(i) == name {
+		r := m.names[nameSize*i:]
+		off, n := le.Uint32(r), le.Uint16(r[4:])
+		if string(m.strs[off:off+uint32(n)]) == name { // compared in place
 			return i
 		}
 	}
 	return -1
 }
 
-// name returns name i as a string view for comparison; it does not escape.
+// name returns name i.
 func (m *Manifest) name(i int) string {
 	r := m.names[nameSize*i:]
 	off, n := le.Uint32(r), le.Uint16(r[4:])

@@ -143,3 +143,36 @@ func publish(t testing.TB, b *Builder) *View {
 	}
 	return v
 }
+
+// TestNoAllocs holds the per-request operations to zero allocations.
+func TestNoAllocs(t *testing.T) {
+	b := newBuilder(t, BuilderConfig{ShardBits: 4}, 8)
+	rng := rand.New(rand.NewPCG(1, 1))
+	hashes := chain(rng, 500)
+	for s := range 8 {
+		for _, h := range hashes[:60*s] {
+			b.Add(s, h, TierGPU)
+		}
+	}
+	b.Build(epoch)
+	for _, h := range hashes[:50] {
+		b.Add(0, h, TierCPU) // some entries in the delta
+	}
+	v := publish(t, b)
+	out := make([]Match, 8)
+	m := v.Manifest()
+	ops := map[string]func(){
+		"Lookup": func() { v.Lookup(hashes[7]) },
+		"Prefix": func() { v.Prefix(hashes, out) },
+		"Model":  func() { m.Model("meta-llama/Llama-3.1-8B-Instruct") },
+		"Endpoint": func() {
+			e := m.Endpoint(3)
+			_ = e.Serves(0) && e.Health() == HealthHealthy && e.Running()+e.Waiting()+e.PrefillTokens() > 0 && e.PrefillRate() > e.KVCacheUsage()
+		},
+	}
+	for name, op := range ops {
+		if n := testing.AllocsPerRun(100, op); n != 0 {
+			t.Errorf("%s: %v allocations", name, n)
+		}
+	}
+}
