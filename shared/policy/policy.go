@@ -235,13 +235,15 @@ func New(cfg Config) (*Picker, error) {
 	}, nil
 }
 
-// Pick chooses an endpoint of the snapshot v holds for request r. It does
-// not allocate once its scratch space has grown to the endpoint table.
+// Pick chooses an endpoint of the snapshot v holds for request r. With no
+// snapshot (v nil or not loaded) it returns Endpoint -1: the caller falls
+// back to Rendezvous over its configured endpoints. It does not allocate
+// once its scratch space has grown to the endpoint table.
 func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
-	m := v.Manifest()
-	if m == nil {
+	if v == nil || !v.Loaded() {
 		return Decision{Endpoint: -1}
 	}
+	m := v.Manifest()
 	n := m.NumEndpoints()
 	p.grow(n)
 	model := -1
