@@ -148,6 +148,18 @@ func must(t testing.TB, err error) {
 // Envoy logged a Wasm VM failure.
 func startGateway(t testing.TB, cfg *envoy.Config, concurrency int) *gateway {
 	t.Helper()
+	g := startEnvoy(t, cfg, concurrency)
+	t.Cleanup(func() {
+		if f := g.envoy.WasmFailures(); len(f) > 0 {
+			t.Errorf("Envoy logged Wasm failures:\n%s", strings.Join(f, "\n"))
+		}
+	})
+	return g
+}
+
+// startEnvoy is startGateway for tests that expect Wasm failures.
+func startEnvoy(t testing.TB, cfg *envoy.Config, concurrency int) *gateway {
+	t.Helper()
 	b, err := cfg.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -160,9 +172,6 @@ func startGateway(t testing.TB, cfg *envoy.Config, concurrency int) *gateway {
 	t.Cleanup(func() {
 		if err := p.Stop(); err != nil {
 			t.Errorf("stop Envoy: %v", err)
-		}
-		if f := p.WasmFailures(); len(f) > 0 {
-			t.Errorf("Envoy logged Wasm failures:\n%s", strings.Join(f, "\n"))
 		}
 	})
 	url, err := p.ListenerURL(ctx, llmListener)
