@@ -197,11 +197,7 @@ type Picker struct {
 }
 
 type cand struct {
-	ok       bool    // eligible
-	warm     bool    // holds at least AffinityThreshold of the prompt
-	affine   bool    // among the longest warm matches
-	sat      bool    // affine and saturated
-	hard     bool    // past an absolute limit (ceiling, calibrated threshold, cap)
+	flags    uint8
 	eff      float64 // effective cached blocks, CPU blocks discounted
 	uncached float64 // tokens
 	tokens   float64 // uncached prefill tokens in flight, this request included
@@ -212,6 +208,16 @@ type cand struct {
 	score    float64 // what least-load minimises
 	tol      float64 // how far above the best score is still a tie
 }
+
+// Candidate flags. choose selects by them rather than by a predicate
+// function: an indirect call per candidate is dear in Go's Wasm code.
+const (
+	isEligible  = 1 << iota // healthy and serves the model
+	isWarm                  // holds at least AffinityThreshold of the prompt
+	isAffine                // among the longest warm matches
+	isSaturated             // affine and saturated
+	isHard                  // past an absolute limit (ceiling, calibrated threshold, cap)
+)
 
 // tied reports whether c's score is within its tolerance of best, allowing
 // for rounding: 7/100 - 6/100 is a request apart.
@@ -259,9 +265,12 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		prompt = float64(len(r.Hashes) * p.cfg.BlockTokens)
 	}
 
+	// Loops range over slices of length n so that Go can drop the bounds
+	// checks, which cost more than the work in Wasm.
+	cands := p.cands[:n]
 	maxEff := -1.0
-	for i := range n {
-		c := &p.cands[i]
+	for i := range cands {
+		c := &cands[i]
 		*c = cand{}
 		e := m.Endpoint(i)
 		if e.Vacant() || e.Health() != snapshot.HealthHealthy || (model >= 0 && !e.Serves(model)) {
@@ -269,7 +278,7 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		}
 		p.estimate(c, e, i, r, prompt)
 		d.Eligible++
-		if c.warm && c.eff > maxEff {
+		if c.flags&isWarm != 0 && c.eff > maxEff {
 			maxEff = c.eff
 		}
 		if st := &p.state[i]; st.since != e.Since() {
@@ -281,37 +290,39 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 	}
 
 	bestCold := math.Inf(1)
-	for i := range n {
-		if c := &p.cands[i]; c.ok && !c.warm && c.ttft < bestCold {
+	for i := range cands {
+		if c := &cands[i]; c.flags&(isEligible|isWarm) == isEligible && c.ttft < bestCold {
 			bestCold = c.ttft
 		}
 	}
 	pick, reason := -1, ReasonLeastLoad
 	if maxEff >= 0 {
 		// Endpoints within a block of the longest match are equally warm.
-		for i := range n {
-			if c := &p.cands[i]; c.warm && c.eff >= maxEff-1 {
-				c.affine = true
-				c.sat = p.saturated(i, bestCold)
+		for i := range cands {
+			if c := &cands[i]; c.flags&isWarm != 0 && c.eff >= maxEff-1 {
+				c.flags |= isAffine
+				if p.saturated(i, bestCold) {
+					c.flags |= isSaturated
+				}
 			}
 		}
-		pick = p.choose(n, func(c *cand) bool { return c.affine && !c.sat }, r.Random)
+		pick = choose(cands, isAffine|isSaturated, isAffine, r.Random)
 		reason = ReasonAffinity
 		if pick < 0 {
 			reason = ReasonSaturatedRelease
 		}
 	}
 	if pick < 0 {
-		pick = p.choose(n, func(c *cand) bool { return c.ok && !c.hard && !c.sat }, r.Random)
+		pick = choose(cands, isEligible|isHard|isSaturated, isEligible, r.Random)
 	}
 	if pick < 0 {
-		pick, reason = p.choose(n, func(c *cand) bool { return c.ok }, r.Random), ReasonFallback
+		pick, reason = choose(cands, isEligible, isEligible, r.Random), ReasonFallback
 	}
-	c := &p.cands[pick]
+	c := &cands[pick]
 	d.Endpoint, d.Reason = pick, reason
 	d.Blocks, d.GPUBlocks = int(p.match[pick].Blocks), int(p.match[pick].GPU)
 	d.UncachedTokens = int(math.Ceil(c.uncached))
-	d.TTFT = time.Duration(math.Min(c.ttft, 1e9) * float64(time.Second))
+	d.TTFT = time.Duration(min(c.ttft, 1e9) * float64(time.Second))
 	return d
 }
 
@@ -329,10 +340,12 @@ func (p *Picker) grow(n int) {
 func (p *Picker) estimate(c *cand, e snapshot.Endpoint, i int, r *Request, prompt float64) {
 	cfg := &p.cfg
 	mt := p.match[i]
-	c.ok = true
+	c.flags = isEligible
 	c.eff = float64(mt.GPU) + cfg.CPUDiscount*float64(mt.Blocks-mt.GPU)
-	cached := math.Min(prompt, c.eff*float64(cfg.BlockTokens))
-	c.warm = cached > 0 && cached >= cfg.AffinityThreshold*prompt
+	cached := min(prompt, c.eff*float64(cfg.BlockTokens))
+	if cached > 0 && cached >= cfg.AffinityThreshold*prompt {
+		c.flags |= isWarm
+	}
 	c.uncached = prompt - cached
 
 	var local Local
@@ -361,11 +374,15 @@ func (p *Picker) estimate(c *cand, e snapshot.Endpoint, i int, r *Request, promp
 	if cfg.Mode == ModeDecode {
 		c.score = c.active / c.capacity
 		c.tol = float64(cfg.TieRequests) / c.capacity
-		c.hard = c.active > c.capacity
+		if c.active > c.capacity {
+			c.flags |= isHard
+		}
 	} else {
 		c.score = c.ttft
 		c.tol = p.tieTTFT
-		c.hard = c.ttft > p.ceiling || (c.tau > 0 && c.tokens > c.tau)
+		if c.ttft > p.ceiling || (c.tau > 0 && c.tokens > c.tau) {
+			c.flags |= isHard
+		}
 	}
 }
 
@@ -387,13 +404,13 @@ func (p *Picker) saturated(i int, bestCold float64) bool {
 	return st.released
 }
 
-// choose returns the candidate with the least score among those keep
-// accepts, picking uniformly at random among those within their tie
-// tolerance of the best; -1 if keep accepts none.
-func (p *Picker) choose(n int, keep func(*cand) bool, random uint64) int {
+// choose returns the candidate with the least score among those whose
+// flags under mask equal want, picking uniformly at random among those
+// within their tie tolerance of the best; -1 if none qualifies.
+func choose(cands []cand, mask, want uint8, random uint64) int {
 	best := math.Inf(1)
-	for i := range n {
-		if c := &p.cands[i]; keep(c) && c.score < best {
+	for i := range cands {
+		if c := &cands[i]; c.flags&mask == want && c.score < best {
 			best = c.score
 		}
 	}
@@ -401,14 +418,14 @@ func (p *Picker) choose(n int, keep func(*cand) bool, random uint64) int {
 		return -1
 	}
 	ties := 0
-	for i := range n {
-		if c := &p.cands[i]; keep(c) && c.tied(best) {
+	for i := range cands {
+		if c := &cands[i]; c.flags&mask == want && c.tied(best) {
 			ties++
 		}
 	}
 	k, _ := bits.Mul64(mix(random), uint64(ties))
-	for i := range n {
-		if c := &p.cands[i]; keep(c) && c.tied(best) {
+	for i := range cands {
+		if c := &cands[i]; c.flags&mask == want && c.tied(best) {
 			if k == 0 {
 				return i
 			}

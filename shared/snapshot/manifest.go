@@ -115,7 +115,7 @@ func (m *Manifest) NumEndpoints() int { return m.n }
 
 // Endpoint returns the endpoint in slot i, 0 <= i < NumEndpoints().
 func (m *Manifest) Endpoint(i int) Endpoint {
-	return Endpoint{r: m.eps[endpointSize*i : endpointSize*i+endpointSize], m: m}
+	return Endpoint{r: (*[endpointSize]byte)(m.eps[endpointSize*i:]), m: m}
 }
 
 // Model returns the id of a model or adapter name for Endpoint.Serves, or -1
@@ -138,9 +138,11 @@ func (m *Manifest) name(i int) string {
 	return string(m.strs[off : off+uint32(n)])
 }
 
-// Endpoint is one row of the endpoint table, read in place.
+// Endpoint is one row of the endpoint table, read in place. The row is an
+// array pointer so that field reads need no bounds checks, which Go's Wasm
+// code pays dearly for on the per-endpoint loop of every decision.
 type Endpoint struct {
-	r []byte
+	r *[endpointSize]byte
 	m *Manifest
 }
 
@@ -165,7 +167,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 		return true
 	}
 	kv, rate := float64(math.Float32frombits(le.Uint32(r[40:]))), float64(math.Float32frombits(le.Uint32(r[44:])))
-	return le.Uint64(r) <= m.ref.gen &&
+	return le.Uint64(r[:]) <= m.ref.gen &&
 		addrOff+addrLen <= uint64(len(m.strs)) &&
 		idOff+names <= uint64(len(m.ids)/2) &&
 		Health(r[20]) <= HealthUnhealthy && Signal(r[21]) <= SignalRequests &&
@@ -178,7 +180,7 @@ func (e Endpoint) Vacant() bool { return le.Uint16(e.r[12:]) == 0 }
 // Since returns the generation at which the endpoint took its slot. A slot
 // whose Since changed belongs to another endpoint: state a reader keeps per
 // slot (in-flight counters, hysteresis) must start over.
-func (e Endpoint) Since() uint64 { return le.Uint64(e.r) }
+func (e Endpoint) Since() uint64 { return le.Uint64(e.r[:]) }
 
 func (e Endpoint) addr() []byte {
 	off, n := le.Uint32(e.r[8:]), le.Uint16(e.r[12:])
