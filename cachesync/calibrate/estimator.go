@@ -138,7 +138,6 @@ func (c *Config) rate(r float64, calibrated bool) Rate {
 	return Rate{TokensPerSecond: r, Threshold: int(math.Round(r * c.TMax.Seconds())), Calibrated: calibrated}
 }
 
-
 // Observation is one scrape of an engine's metrics. The token, request
 // and time figures are counters since the engine started.
 type Observation struct {
