@@ -5,8 +5,10 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/shared/blockhash"
+	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/tidwall/gjson"
 )
@@ -15,12 +17,42 @@ import (
 type config struct {
 	paths        []string
 	maxBodyBytes int
-	endpoints    []string // ip:port, the rendezvous fallback's candidates
-	template     prompt.Template
-	hashing      blockhash.Config
+	// endpoints are the rendezvous fallback's candidates, and in local mode
+	// the endpoints the filter's own index covers.
+	endpoints []string
+	template  prompt.Template
+	hashing   blockhash.Config
 	// affinityBlocks is how many leading blocks name a prompt for the
 	// rendezvous fallback.
 	affinityBlocks int
+
+	// cachesync, when set, is where snapshots come from and reports go;
+	// without it the filter keeps its own approximate index (local mode).
+	cachesync *cachesyncConfig
+	// syncInterval is the tick: snapshot refresh, fetch, report batching.
+	syncInterval time.Duration
+	// maxStaleness: a snapshot older than this is not trusted for load.
+	maxStaleness time.Duration
+	policy       policy.Config
+	// reportBlocks caps the block hashes reported per routed request.
+	reportBlocks int
+	// localBlocks is each endpoint's capacity in local mode, in blocks.
+	localBlocks int
+	// debugHeader adds x-kvroute-decision to responses.
+	debugHeader bool
+	// holdTimeout is how long a request may wait for its body before the
+	// filter lets it go unrouted. It only expires if Envoy never delivers
+	// the body, which happens when allow_on_headers_stop_iteration is unset.
+	holdTimeout time.Duration
+}
+
+type cachesyncConfig struct {
+	cluster      string // Envoy cluster of cachesync
+	authority    string
+	snapshotPath string
+	reportPath   string
+	reportToken  string
+	timeout      time.Duration
 }
 
 const (
@@ -36,6 +68,13 @@ func defaultConfig() config {
 		template:       prompt.ChatML,
 		hashing:        blockhash.Config{BlockSize: blockhash.DefaultBlockSize, MaxBlocks: blockhash.DefaultMaxBlocks},
 		affinityBlocks: 8,
+		syncInterval:   100 * time.Millisecond,
+		maxStaleness:   5 * time.Second,
+		policy:         policy.DefaultConfig(),
+		reportBlocks:   2048,
+		// llm-d's default LRU capacity per server: about 500k tokens.
+		localBlocks: 31250,
+		holdTimeout: 5 * time.Second,
 	}
 }
 
@@ -56,7 +95,7 @@ func fieldErr(field, msg string) error { return &configError{field: field, msg: 
 func parseConfig(data []byte) (config, error) {
 	cfg := defaultConfig()
 	if len(strings.TrimSpace(string(data))) == 0 {
-		return cfg, nil
+		return cfg, cfg.finish()
 	}
 	if !gjson.ValidBytes(data) {
 		return cfg, errors.New("plugin configuration: not valid JSON")
@@ -65,78 +104,154 @@ func parseConfig(data []byte) (config, error) {
 	if !root.IsObject() {
 		return cfg, errors.New("plugin configuration: not a JSON object")
 	}
+	if err := eachField(root, "", cfg.set); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.finish()
+}
+
+// eachField calls set for every field of obj, prefixing nested names.
+func eachField(obj gjson.Result, prefix string, set func(string, gjson.Result) error) error {
 	var err error
-	root.ForEach(func(key, v gjson.Result) bool {
-		err = cfg.set(key.String(), v)
+	obj.ForEach(func(key, v gjson.Result) bool {
+		err = set(prefix+key.String(), v)
 		return err == nil
 	})
-	return cfg, err
+	return err
+}
+
+// finish checks what only the whole configuration can tell.
+func (c *config) finish() error {
+	c.policy.BlockTokens = max(1, c.hashing.Size()/4)
+	if _, err := policy.New(c.policy); err != nil {
+		return fieldErr("policy", err.Error())
+	}
+	if c.cachesync != nil && c.cachesync.cluster == "" {
+		return fieldErr("cachesync.cluster", "required")
+	}
+	return nil
 }
 
 func (c *config) set(field string, v gjson.Result) error {
+	var err error
 	switch field {
 	case "paths":
-		if !v.IsArray() {
-			return fieldErr(field, "want an array of paths")
-		}
-		var paths []string
-		for _, p := range v.Array() {
-			if p.Type != gjson.String || !strings.HasPrefix(p.Str, "/") {
-				return fieldErr(field, "each path must be a string starting with /")
-			}
-			paths = append(paths, p.Str)
-		}
-		if len(paths) == 0 {
-			return fieldErr(field, "must list at least one path")
-		}
-		c.paths = paths
+		c.paths, err = pathList(v)
 	case "max_body_bytes":
-		n, err := positiveInt(v, maxMaxBodyBytes)
-		if err != nil {
-			return fieldErr(field, err.Error())
-		}
-		c.maxBodyBytes = n
+		c.maxBodyBytes, err = positiveInt(v, maxMaxBodyBytes)
 	case "endpoints":
-		if !v.IsArray() {
-			return fieldErr(field, "want an array of ip:port strings")
-		}
-		var eps []string
-		for _, e := range v.Array() {
-			ap, err := netip.ParseAddrPort(e.String())
-			if e.Type != gjson.String || err != nil {
-				return fieldErr(field, strconv.Quote(e.String())+" is not an ip:port")
-			}
-			eps = append(eps, ap.String())
-		}
-		c.endpoints = eps
+		c.endpoints, err = endpointList(v)
 	case "chat_template":
-		t, err := prompt.ParseTemplate(v.String())
-		if v.Type != gjson.String || err != nil {
-			return fieldErr(field, "unknown template "+strconv.Quote(v.String()))
+		c.template, err = prompt.ParseTemplate(v.String())
+		if v.Type != gjson.String {
+			err = errors.New("want a template name")
 		}
-		c.template = t
 	case "block_size":
-		n, err := positiveInt(v, 1<<20)
-		if err != nil {
-			return fieldErr(field, err.Error())
-		}
-		c.hashing.BlockSize = n
+		c.hashing.BlockSize, err = positiveInt(v, 1<<20)
 	case "max_blocks":
-		n, err := positiveInt(v, 1<<20)
-		if err != nil {
-			return fieldErr(field, err.Error())
-		}
-		c.hashing.MaxBlocks = n
+		c.hashing.MaxBlocks, err = positiveInt(v, 1<<20)
 	case "affinity_blocks":
-		n, err := positiveInt(v, 1<<20)
-		if err != nil {
-			return fieldErr(field, err.Error())
+		c.affinityBlocks, err = positiveInt(v, 1<<20)
+	case "sync_interval_ms":
+		c.syncInterval, err = millis(v, 10, 60_000)
+	case "max_staleness_ms":
+		c.maxStaleness, err = millis(v, 1, 3_600_000)
+	case "report_blocks":
+		c.reportBlocks, err = positiveInt(v, 1<<16)
+	case "local_capacity_blocks":
+		c.localBlocks, err = positiveInt(v, 1<<24-2)
+	case "hold_timeout_ms":
+		c.holdTimeout, err = millis(v, 1, 3_600_000)
+	case "debug_header":
+		if !v.IsBool() {
+			err = errors.New("want true or false")
 		}
-		c.affinityBlocks = n
+		c.debugHeader = v.Bool()
+	case "cachesync":
+		if !v.IsObject() {
+			return fieldErr(field, "want an object")
+		}
+		c.cachesync = &cachesyncConfig{
+			authority: "cachesync", snapshotPath: "/v1/snapshot", reportPath: "/v1/reports",
+			timeout: 2 * time.Second,
+		}
+		return eachField(v, "cachesync.", c.set)
+	case "cachesync.cluster":
+		c.cachesync.cluster, err = nonEmpty(v)
+	case "cachesync.authority":
+		c.cachesync.authority, err = nonEmpty(v)
+	case "cachesync.snapshot_path":
+		c.cachesync.snapshotPath, err = absPath(v)
+	case "cachesync.report_path":
+		c.cachesync.reportPath, err = absPath(v)
+	case "cachesync.report_token":
+		c.cachesync.reportToken, err = nonEmpty(v)
+	case "cachesync.timeout_ms":
+		c.cachesync.timeout, err = millis(v, 1, 60_000)
+	case "policy":
+		if !v.IsObject() {
+			return fieldErr(field, "want an object")
+		}
+		return eachField(v, "policy.", c.set)
+	case "policy.mode":
+		c.policy.Mode, err = policy.ParseMode(v.String())
+	case "policy.affinity_threshold":
+		c.policy.AffinityThreshold, err = fraction(v)
+	case "policy.max_ttft_penalty_ms":
+		c.policy.MaxTTFTPenalty, err = millis(v, 0, 3_600_000)
+	case "policy.max_ttft_ms":
+		c.policy.MaxTTFT, err = millis(v, 1, 3_600_000)
+	case "policy.prefill_tokens_per_second":
+		var n int
+		n, err = positiveInt(v, 1<<30)
+		c.policy.PrefillRate = float64(n)
+	case "policy.decode_cap":
+		c.policy.DecodeCap, err = positiveInt(v, 1<<20)
+	case "policy.cpu_discount":
+		c.policy.CPUDiscount, err = fraction(v)
+	case "policy.hysteresis":
+		c.policy.Hysteresis, err = fraction(v)
+	case "policy.tie_tolerance_ms":
+		c.policy.TieTolerance, err = millis(v, 0, 60_000)
 	default:
 		return fieldErr(field, "unknown field")
 	}
+	if err != nil {
+		return fieldErr(field, err.Error())
+	}
 	return nil
+}
+
+func pathList(v gjson.Result) ([]string, error) {
+	if !v.IsArray() {
+		return nil, errors.New("want an array of paths")
+	}
+	var paths []string
+	for _, p := range v.Array() {
+		if p.Type != gjson.String || !strings.HasPrefix(p.Str, "/") {
+			return nil, errors.New("each path must be a string starting with /")
+		}
+		paths = append(paths, p.Str)
+	}
+	if len(paths) == 0 {
+		return nil, errors.New("must list at least one path")
+	}
+	return paths, nil
+}
+
+func endpointList(v gjson.Result) ([]string, error) {
+	if !v.IsArray() {
+		return nil, errors.New("want an array of ip:port strings")
+	}
+	var eps []string
+	for _, e := range v.Array() {
+		ap, err := netip.ParseAddrPort(e.String())
+		if e.Type != gjson.String || err != nil {
+			return nil, errors.New(strconv.Quote(e.String()) + " is not an ip:port")
+		}
+		eps = append(eps, ap.String())
+	}
+	return eps, nil
 }
 
 func positiveInt(v gjson.Result, max int) (int, error) {
@@ -148,6 +263,38 @@ func positiveInt(v gjson.Result, max int) (int, error) {
 		return 0, errors.New("want an integer from 1 to " + strconv.Itoa(max))
 	}
 	return int(n), nil
+}
+
+func millis(v gjson.Result, min, max int64) (time.Duration, error) {
+	if v.Type != gjson.Number {
+		return 0, errors.New("want a number of milliseconds")
+	}
+	n, err := strconv.ParseInt(v.Raw, 10, 64)
+	if err != nil || n < min || n > max {
+		return 0, errors.New("want an integer from " + strconv.FormatInt(min, 10) + " to " + strconv.FormatInt(max, 10))
+	}
+	return time.Duration(n) * time.Millisecond, nil
+}
+
+func fraction(v gjson.Result) (float64, error) {
+	if v.Type != gjson.Number || v.Num < 0 || v.Num > 1 {
+		return 0, errors.New("want a number from 0 to 1")
+	}
+	return v.Num, nil
+}
+
+func nonEmpty(v gjson.Result) (string, error) {
+	if v.Type != gjson.String || v.Str == "" {
+		return "", errors.New("want a non-empty string")
+	}
+	return v.Str, nil
+}
+
+func absPath(v gjson.Result) (string, error) {
+	if v.Type != gjson.String || !strings.HasPrefix(v.Str, "/") {
+		return "", errors.New("want a path starting with /")
+	}
+	return v.Str, nil
 }
 
 // routes reports whether the filter handles a request with this method and

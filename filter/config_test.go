@@ -74,22 +74,26 @@ func TestRoutes(t *testing.T) {
 }
 
 func TestRouterAffinityKey(t *testing.T) {
-	r := router{cfg: defaultConfig()}
-	r.cfg.endpoints = []string{"10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"}
+	cfg := defaultConfig()
+	cfg.endpoints = []string{"10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"}
+	r, err := newRouter(cfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	shared := strings.Repeat("a shared system prompt of some length. ", 20)
 	body := func(user string) []byte {
 		return []byte(`{"model":"m","messages":[{"role":"system","content":"` + shared + `"},{"role":"user","content":"` + user + `"}]}`)
 	}
-	first, out := r.route(body("one"))
-	if out != routed {
-		t.Fatalf("outcome %v", out)
+	first := r.route(body("one"), nil, nil, false, false)
+	if first.outcome != routed || first.reason != reasonRendezvous {
+		t.Fatalf("decision %+v", first)
 	}
 	for _, u := range []string{"two", "three", strings.Repeat("long ", 1000)} {
-		if ep, _ := r.route(body(u)); ep != first {
-			t.Errorf("prompts sharing %d bytes went to %s and %s", len(shared), first, ep)
+		if d := r.route(body(u), nil, nil, false, false); d.endpoint != first.endpoint {
+			t.Errorf("prompts sharing %d bytes went to %s and %s", len(shared), first.endpoint, d.endpoint)
 		}
 	}
-	if _, out := r.route([]byte(`{"model":"m","messages":"hi"}`)); out == routed {
+	if d := r.route([]byte(`{"model":"m","messages":"hi"}`), nil, nil, false, false); d.outcome == routed {
 		t.Error("messages as a string was routed")
 	}
 }

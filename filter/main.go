@@ -1,14 +1,20 @@
 // Command filter is kvroute's proxy-wasm HTTP filter: it reads an
-// OpenAI-style request body, hashes the prompt into blocks and sets the
-// upstream endpoint in x-gateway-destination-endpoint for Envoy's
-// override-host load balancing.
+// OpenAI-style request body, hashes the prompt into blocks, picks the
+// endpoint holding the longest cached prefix until it saturates ("sticky
+// until saturated", shared/policy), and sets it in
+// x-gateway-destination-endpoint for Envoy's override-host load balancing.
 //
 // Build it with GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared.
 package main
 
 import (
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvroute/kvroute/filter/internal/inflight"
 	"github.com/kvroute/kvroute/filter/proxywasm"
 	"github.com/kvroute/kvroute/filter/proxywasm/types"
+	"github.com/kvroute/kvroute/shared/report"
 )
 
 func main() {}
@@ -19,14 +25,22 @@ type vmContext struct{ types.DefaultVMContext }
 
 func (vmContext) NewPluginContext(uint32) types.PluginContext { return &pluginContext{} }
 
+// pluginContext is one worker VM's root context.
 type pluginContext struct {
 	types.DefaultPluginContext
-	router   router
-	outcomes [numOutcomes]proxywasm.MetricCounter
-	runtime  *runtimeStats
-	streams  uint64
-	// body is reused across this VM's requests.
-	body []byte
+	cfg     config
+	router  *router
+	sync    *syncer
+	load    loadTracker
+	m       *stats
+	runtime *runtimeStats
+	streams uint64
+	// held are the streams paused in their request headers, waiting for
+	// the body, by context id.
+	held map[uint32]*httpContext
+	// body and record are reused across this VM's requests.
+	body   []byte
+	record []byte
 }
 
 // runtimeStatsEvery is how many streams pass between runtime-stat updates.
@@ -38,32 +52,73 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 		proxywasm.LogCritical("kvroute: read plugin configuration: " + err.Error())
 		return types.OnPluginStartStatusFailed
 	}
-	cfg, err := parseConfig(data)
-	if err != nil {
+	if p.cfg, err = parseConfig(data); err != nil {
 		proxywasm.LogCritical("kvroute: " + err.Error())
 		return types.OnPluginStartStatusFailed
 	}
-	p.router = router{cfg: cfg}
-	for o := range p.outcomes {
-		p.outcomes[o] = proxywasm.DefineCounterMetric("kvroute.requests." + outcome(o).String())
+	vm := rand.Uint64()
+	if p.router, err = newRouter(p.cfg, vm); err != nil {
+		proxywasm.LogCritical("kvroute: " + err.Error())
+		return types.OnPluginStartStatusFailed
 	}
+	p.m = newStats()
 	p.runtime = newRuntimeStats()
+	p.load = loadTracker{vm: vm, ttl: max(10*time.Second, 20*p.cfg.syncInterval)}
+	p.held = map[uint32]*httpContext{}
+	if p.sync, err = newSyncer(&p.cfg, vm, p.m); err != nil {
+		proxywasm.LogCritical("kvroute: " + err.Error())
+		return types.OnPluginStartStatusFailed
+	}
+	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(p.cfg.syncInterval.Milliseconds())); err != nil {
+		proxywasm.LogCritical("kvroute: set tick period: " + err.Error())
+		return types.OnPluginStartStatusFailed
+	}
 	return types.OnPluginStartStatusOK
 }
 
-func (p *pluginContext) NewHttpContext(uint32) types.HttpContext {
+// OnTick refreshes the snapshot, beats this VM's in-flight row, and frees
+// requests whose body never came.
+func (p *pluginContext) OnTick() {
+	now := time.Now()
+	p.sync.tick(now)
+	p.load.change(0, inflight.Counts{})
+	for id, h := range p.held {
+		if now.Sub(h.heldSince) < p.cfg.holdTimeout {
+			continue
+		}
+		delete(p.held, id)
+		h.routing = false
+		p.m.outcomes[fallbackHeldTooLong].Increment(1)
+		proxywasm.LogError("kvroute: a request waited " + p.cfg.holdTimeout.String() +
+			" for its body; set allow_on_headers_stop_iteration: true in the Wasm PluginConfig")
+		if proxywasm.SetEffectiveContext(id) == nil {
+			proxywasm.ResumeHttpRequest()
+		}
+	}
+}
+
+func (p *pluginContext) NewHttpContext(id uint32) types.HttpContext {
 	if p.streams%runtimeStatsEvery == 0 {
 		p.runtime.update()
 	}
 	p.streams++
-	return &httpContext{plugin: p}
+	return &httpContext{plugin: p, id: id}
 }
 
 type httpContext struct {
 	types.DefaultHttpContext
 	plugin *pluginContext
+	id     uint32
 	// routing is set while the filter holds the request to read its body.
-	routing bool
+	routing   bool
+	heldSince time.Time
+	decided   bool // the filter routed the request or fell back on it
+	decision  decision
+	// The load this stream added, released at its first response byte
+	// (prefill done) and at its end.
+	endpoint       uint64
+	prefillPending int64
+	requestPending bool
 }
 
 func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
@@ -74,16 +129,18 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	}
 	method, _ := proxywasm.GetHttpRequestHeader(":method")
 	path, _ := proxywasm.GetHttpRequestHeader(":path")
-	if !h.plugin.router.cfg.routes(method, path) {
+	if !h.plugin.cfg.routes(method, path) {
 		return types.ActionContinue
 	}
 	if endOfStream {
-		h.plugin.count(fallbackNoPrompt)
+		h.finish(decision{outcome: fallbackNoPrompt})
 		return types.ActionContinue
 	}
 	// Hold the headers until the body has been read: the destination header
 	// must be in place before the router filter picks a host.
 	h.routing = true
+	h.heldSince = time.Now()
+	h.plugin.held[h.id] = h
 	return types.ActionPause
 }
 
@@ -92,32 +149,106 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 		return types.ActionContinue
 	}
 	p := h.plugin
-	if bodySize > p.router.cfg.maxBodyBytes {
-		h.routing = false
-		p.count(fallbackTooLarge)
+	delete(p.held, h.id)
+	if bodySize > p.cfg.maxBodyBytes {
+		h.finish(decision{outcome: fallbackTooLarge})
 		return types.ActionContinue
 	}
 	if !endOfStream {
+		p.held[h.id] = h
 		return types.ActionPause
 	}
-	h.routing = false
 	if cap(p.body) < bodySize {
 		p.body = make([]byte, bodySize)
 	}
 	body, err := proxywasm.ReadHttpRequestBody(p.body[:bodySize], 0)
 	if err != nil {
 		proxywasm.LogError("kvroute: read request body: " + err.Error())
-		p.count(fallbackInvalidBody)
+		h.finish(decision{outcome: fallbackInvalidBody})
 		return types.ActionContinue
 	}
-	endpoint, out := p.router.route(body)
-	p.count(out)
-	if out == routed {
-		if err := proxywasm.ReplaceHttpRequestHeader(destinationHeader, endpoint); err != nil {
+	view := p.sync.view
+	stale := false
+	if m := view.Manifest(); m != nil {
+		stale = time.Since(m.Created()) > p.cfg.maxStaleness
+	}
+	d := p.router.route(body, view, p.load.locals, stale && p.cfg.cachesync != nil, p.cfg.cachesync == nil)
+	if d.outcome == routed {
+		if err := proxywasm.ReplaceHttpRequestHeader(destinationHeader, d.endpoint); err != nil {
 			proxywasm.LogError("kvroute: set " + destinationHeader + ": " + err.Error())
 		}
+		h.account(&d)
+		h.report(&d)
+	}
+	h.finish(d)
+	return types.ActionContinue
+}
+
+// finish ends the routing of a request: metrics, and the decision kept for
+// the debug header.
+func (h *httpContext) finish(d decision) {
+	h.routing = false
+	h.decided = true
+	h.decision = d
+	h.plugin.m.decided(&d)
+}
+
+// account adds the request to this gateway's in-flight load on its endpoint.
+func (h *httpContext) account(d *decision) {
+	h.endpoint = endpointHash(d.endpoint)
+	h.prefillPending = int64(d.policy.UncachedTokens)
+	h.requestPending = true
+	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: h.prefillPending, Requests: 1})
+}
+
+// report queues the decision for the index: cachesync's (through the
+// fetcher VM's tick) or the filter's own in local mode.
+func (h *httpContext) report(d *decision) {
+	p := h.plugin
+	hashes := p.router.hashes
+	if len(hashes) == 0 {
+		return
+	}
+	hashes = hashes[:min(len(hashes), p.cfg.reportBlocks)]
+	rec := report.Record{Endpoint: d.endpoint, Model: d.model, Hashes: hashes, Cached: min(d.policy.Blocks, len(hashes))}
+	var err error
+	if p.record, err = report.AppendRecord(p.record[:0], &rec); err != nil {
+		return
+	}
+	p.sync.enqueueReport(p.record)
+}
+
+// releasePrefill gives back the stream's uncached prompt tokens: once the
+// first response byte is out, its prefill is done.
+func (h *httpContext) releasePrefill() {
+	if h.prefillPending == 0 {
+		return
+	}
+	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: -h.prefillPending})
+	h.prefillPending = 0
+}
+
+func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Action {
+	if h.decided && h.plugin.cfg.debugHeader {
+		proxywasm.ReplaceHttpResponseHeader(decisionHeader, h.decision.header())
+	}
+	if endOfStream {
+		h.releasePrefill()
 	}
 	return types.ActionContinue
 }
 
-func (p *pluginContext) count(o outcome) { p.outcomes[o].Increment(1) }
+func (h *httpContext) OnHttpResponseBody(int, bool) types.Action {
+	h.releasePrefill()
+	return types.ActionContinue
+}
+
+func (h *httpContext) OnHttpStreamDone() {
+	delete(h.plugin.held, h.id)
+	if !h.requestPending {
+		return
+	}
+	h.requestPending = false
+	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: -h.prefillPending, Requests: -1})
+	h.prefillPending = 0
+}

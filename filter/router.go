@@ -2,20 +2,27 @@ package main
 
 import (
 	"errors"
+	"strconv"
 
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
 // destinationHeader carries the chosen endpoint to Envoy's override-host
 // load-balancing policy (the Gateway API Inference Extension's name for it).
 const destinationHeader = "x-gateway-destination-endpoint"
 
+// decisionHeader explains the choice on the response when debug_header is on.
+const decisionHeader = "x-kvroute-decision"
+
 // ownedHeaders are removed from every request before anything else happens:
-// each of them can steer the upstream, and only the filter may set them.
+// each of them can steer the upstream or fake a decision, and only the
+// filter may set them.
 var ownedHeaders = []string{
 	destinationHeader,
+	decisionHeader,
 	// ORIGINAL_DST clusters read this one by default.
 	"x-envoy-original-dst-host",
 }
@@ -30,6 +37,7 @@ const (
 	fallbackNoPrompt
 	fallbackTooLarge
 	fallbackNoEndpoints
+	fallbackHeldTooLong
 	numOutcomes
 )
 
@@ -39,34 +47,96 @@ var outcomeNames = [numOutcomes]string{
 	fallbackNoPrompt:    "no_prompt",
 	fallbackTooLarge:    "body_too_large",
 	fallbackNoEndpoints: "no_endpoints",
+	fallbackHeldTooLong: "held_too_long",
 }
 
 func (o outcome) String() string { return outcomeNames[o] }
 
+// reasonRendezvous marks a choice made without a snapshot.
+const reasonRendezvous = "rendezvous"
+
+// decision is what the router made of one request.
+type decision struct {
+	outcome  outcome
+	endpoint string
+	// reason is the policy's reason code, or reasonRendezvous.
+	reason string
+	policy policy.Decision
+	// model is the requested model; prompt tokens are estimated from the
+	// text's length.
+	model        string
+	promptTokens int
+}
+
 // router turns a request body into an endpoint. One router serves a whole VM
 // (one Envoy worker thread), so its buffers are reused across requests.
 type router struct {
-	cfg    config
-	text   []byte
-	hashes []uint64
+	cfg      config
+	renderer prompt.Renderer
+	text     []byte
+	hashes   []uint64
+	picker   *policy.Picker
+	rng      uint64 // xorshift state for the policy's tie breaks
 }
 
-// route picks the endpoint for a complete request body.
-func (r *router) route(body []byte) (string, outcome) {
-	if len(r.cfg.endpoints) == 0 {
-		return "", fallbackNoEndpoints
+func newRouter(cfg config, seed uint64) (*router, error) {
+	p, err := policy.New(cfg.policy)
+	if err != nil {
+		return nil, err
 	}
-	p, err := prompt.Render(r.text[:0], body, r.cfg.template)
+	return &router{cfg: cfg, picker: p, rng: seed | 1}, nil
+}
+
+// loads fills the gateway's own in-flight load per slot of the view's
+// endpoint table.
+type loads func(v *snapshot.View) []policy.Local
+
+// route picks the endpoint for a complete request body: by policy over the
+// snapshot when the view holds one, by rendezvous over the configured
+// endpoints otherwise. local reports the gateway's own load; stale says the
+// snapshot's load figures are too old to trust.
+func (r *router) route(body []byte, view *snapshot.View, local loads, stale, modelAgnostic bool) decision {
+	p, err := r.renderer.Render(r.text[:0], body, r.cfg.template)
 	if err != nil {
 		if errors.Is(err, prompt.ErrNoPrompt) {
-			return "", fallbackNoPrompt
+			return decision{outcome: fallbackNoPrompt}
 		}
-		return "", fallbackInvalidBody
+		return decision{outcome: fallbackInvalidBody}
 	}
 	r.text = p.Text[:0]
 	seed := blockhash.Seed(p.Model, "")
 	r.hashes = blockhash.Append(r.hashes[:0], seed, p.Text, r.cfg.hashing)
-	return r.cfg.endpoints[policy.Rendezvous(r.affinityKey(seed, p.Text), r.cfg.endpoints)], routed
+	d := decision{model: p.Model, promptTokens: max(1, len(p.Text)/4)}
+
+	if view != nil && view.Loaded() {
+		req := policy.Request{
+			Model:        p.Model,
+			Hashes:       r.hashes,
+			PromptTokens: d.promptTokens,
+			Local:        local(view),
+			Stale:        stale,
+			Random:       r.next(),
+		}
+		if modelAgnostic {
+			// The filter's own index does not know which endpoint serves
+			// which model.
+			req.Model = ""
+		}
+		d.policy = r.picker.Pick(view, &req)
+		if d.policy.Endpoint >= 0 {
+			d.endpoint = view.Manifest().Endpoint(d.policy.Endpoint).Addr()
+			d.reason = d.policy.Reason.String()
+			return d
+		}
+	}
+	if len(r.cfg.endpoints) == 0 {
+		d.outcome = fallbackNoEndpoints
+		return d
+	}
+	d.endpoint = r.cfg.endpoints[policy.Rendezvous(r.affinityKey(seed, p.Text), r.cfg.endpoints)]
+	d.reason = reasonRendezvous
+	d.policy = policy.Decision{Endpoint: -1, UncachedTokens: d.promptTokens}
+	return d
 }
 
 // affinityKey names the prompt's leading span of cfg.affinityBlocks blocks
@@ -83,4 +153,38 @@ func (r *router) affinityKey(seed uint64, text []byte) uint64 {
 		return blockhash.Next(seed, text)
 	}
 	return seed
+}
+
+// next is xorshift64*: fresh tie-break entropy per request without
+// crypto/rand or a lock.
+func (r *router) next() uint64 {
+	r.rng ^= r.rng >> 12
+	r.rng ^= r.rng << 25
+	r.rng ^= r.rng >> 27
+	return r.rng * 2685821657736338717
+}
+
+// header renders a decision for the debug response header.
+func (d *decision) header() string {
+	if d.outcome != routed {
+		return "fallback=" + d.outcome.String()
+	}
+	b := make([]byte, 0, 160)
+	b = append(b, "endpoint="...)
+	b = append(b, d.endpoint...)
+	b = append(b, "; reason="...)
+	b = append(b, d.reason...)
+	if d.reason != reasonRendezvous {
+		b = append(b, "; blocks="...)
+		b = strconv.AppendInt(b, int64(d.policy.Blocks), 10)
+		b = append(b, "; gpu_blocks="...)
+		b = strconv.AppendInt(b, int64(d.policy.GPUBlocks), 10)
+		b = append(b, "; ttft_ms="...)
+		b = strconv.AppendInt(b, d.policy.TTFT.Milliseconds(), 10)
+		b = append(b, "; eligible="...)
+		b = strconv.AppendInt(b, int64(d.policy.Eligible), 10)
+	}
+	b = append(b, "; uncached_tokens="...)
+	b = strconv.AppendInt(b, int64(d.policy.UncachedTokens), 10)
+	return string(b)
 }

@@ -1,0 +1,364 @@
+package e2e
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/e2e/wasmhost"
+	"github.com/kvroute/kvroute/shared/blockhash"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/report"
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
+// fakeCachesync answers the filter's callouts like cachesync: snapshot
+// bundles from a snapshot.Builder, and reports.
+type fakeCachesync struct {
+	mu      sync.Mutex
+	t       testing.TB
+	b       *snapshot.Builder
+	img     *snapshot.Image
+	fail    bool // answer every call with a failure
+	corrupt bool // answer with a damaged bundle
+	fetches []string
+	reports []report.Batch
+	auth    []string
+}
+
+func newFakeCachesync(t testing.TB, eps ...snapshot.EndpointInfo) *fakeCachesync {
+	b, err := snapshot.NewBuilder(snapshot.BuilderConfig{FirstGeneration: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range eps {
+		if _, err := b.SetEndpoint(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &fakeCachesync{t: t, b: b}
+	f.build()
+	return f
+}
+
+func (f *fakeCachesync) build() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.img = f.b.Build(time.Now())
+}
+
+// hold records that endpoint addr holds the given blocks on the GPU.
+func (f *fakeCachesync) hold(addr string, hashes []uint64) {
+	f.mu.Lock()
+	slot, ok := f.b.Endpoint(addr)
+	for _, h := range hashes {
+		if err := f.b.Add(slot, h, snapshot.TierGPU); err != nil || !ok {
+			f.t.Fatalf("add %s: %v", addr, err)
+		}
+	}
+	f.mu.Unlock()
+	f.build()
+}
+
+func (f *fakeCachesync) setEndpoint(e snapshot.EndpointInfo) {
+	f.mu.Lock()
+	if _, err := f.b.SetEndpoint(e); err != nil {
+		f.t.Fatal(err)
+	}
+	f.mu.Unlock()
+	f.build()
+}
+
+func (f *fakeCachesync) serve(c *wasmhost.Callout) wasmhost.CalloutResponse {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	path := c.Header(":path")
+	if f.fail {
+		return wasmhost.CalloutResponse{Fail: true}
+	}
+	if strings.HasPrefix(path, "/v1/reports") {
+		f.auth = append(f.auth, c.Header("authorization"))
+		batch, err := report.Parse(c.Body, report.Limits{})
+		if err != nil {
+			f.t.Errorf("filter sent a corrupt report batch: %v", err)
+		}
+		f.reports = append(f.reports, batch)
+		return wasmhost.CalloutResponse{Headers: [][2]string{{":status", "204"}}}
+	}
+	f.fetches = append(f.fetches, path)
+	since, _ := strconv.ParseUint(path[strings.Index(path, "since=")+6:], 10, 64)
+	if since == f.img.Generation() {
+		return wasmhost.CalloutResponse{Headers: [][2]string{{":status", "304"}}}
+	}
+	body := f.img.AppendBundle(nil, since)
+	if f.corrupt {
+		body[len(body)/2] ^= 0xff
+	}
+	return wasmhost.CalloutResponse{Headers: [][2]string{{":status", "200"}}, Body: body}
+}
+
+func liveConfig(t testing.TB, extra map[string]any) []byte {
+	cfg := map[string]any{
+		"cachesync":        map[string]any{"cluster": "cachesync", "report_token": "s3cret"},
+		"sync_interval_ms": 100,
+		"debug_header":     true,
+	}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	return pluginConfig(t, cfg)
+}
+
+func newLiveVM(t testing.TB, h *wasmhost.Host, f *fakeCachesync, cfg []byte) *wasmhost.VM {
+	t.Helper()
+	vm, err := h.NewVM(context.Background(), wasmhost.VMConfig{
+		VMID: "kvroute", PluginConfiguration: cfg, AllowOnHeadersStopIteration: true,
+		Clusters: map[string]func(*wasmhost.Callout) wasmhost.CalloutResponse{"cachesync": f.serve},
+	})
+	if err != nil {
+		t.Fatalf("start VM: %v\n%s", err, vm.LogText())
+	}
+	return vm
+}
+
+// sync runs ticks and callouts on every VM until the callouts settle.
+func syncVMs(vms ...*wasmhost.VM) {
+	for range 3 {
+		for _, vm := range vms {
+			vm.Tick()
+			vm.DeliverCallouts()
+		}
+	}
+}
+
+// filterHashes is what the filter hashes for a body: prompt rendering and
+// block hashing from shared/, as cachesync's bridge reproduces them.
+func filterHashes(t testing.TB, body []byte) []uint64 {
+	t.Helper()
+	p, err := prompt.Render(nil, body, prompt.ChatML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blockhash.Append(nil, blockhash.Seed(p.Model, ""), p.Text, blockhash.Config{})
+}
+
+func engines(addrs ...string) []snapshot.EndpointInfo {
+	var eps []snapshot.EndpointInfo
+	for _, a := range addrs {
+		eps = append(eps, snapshot.EndpointInfo{Addr: a, Models: []string{"qwen"}, Health: snapshot.HealthHealthy, PrefillRate: 10000})
+	}
+	return eps
+}
+
+func decisionOf(t testing.TB, s *wasmhost.Stream) string {
+	t.Helper()
+	s.SendResponseHeaders([][2]string{{":status", "200"}}, false)
+	d, _ := s.Downstream.Header("x-kvroute-decision")
+	return d
+}
+
+func TestSnapshotRoutingFollowsCachesync(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	f := newFakeCachesync(t, engines(threeEndpoints...)...)
+	vms := []*wasmhost.VM{newLiveVM(t, h, f, liveConfig(t, nil)), newLiveVM(t, h, f, liveConfig(t, nil))}
+	syncVMs(vms...)
+
+	body := chatBody(t, "qwen", strings.Repeat("the warm prefix of tenant seven ", 40), "what is due?")
+	warm := threeEndpoints[2]
+	f.hold(warm, filterHashes(t, body))
+	syncVMs(vms...)
+	for i, vm := range vms {
+		s := send(t, vm, postHeaders("/v1/chat/completions"), body, 4096)
+		if got := destination(t, s); got != warm {
+			t.Errorf("VM %d routed to %s, want the endpoint holding the prefix %s", i, got, warm)
+		}
+		if d := decisionOf(t, s); !strings.Contains(d, "reason=affinity") {
+			t.Errorf("VM %d decision %q, want affinity", i, d)
+		}
+		s.Close()
+	}
+
+	// Only one VM fetches, and it asks only for what changed.
+	calls := 0
+	for _, vm := range vms {
+		calls += len(vm.PendingCallouts())
+	}
+	for i, path := range f.fetches {
+		if full := strings.HasSuffix(path, "since=0"); full != (i == 0) {
+			t.Errorf("fetch %d was %s: only the first fetch may ask for a whole snapshot", i, path)
+		}
+	}
+	if !contains(f.fetches, "/v1/snapshot?since="+strconv.FormatUint(f.img.Generation()-1, 10)) {
+		t.Errorf("fetches %v: none asked for the change since the previous generation", f.fetches)
+	}
+	lockHolders := 0
+	for _, vm := range vms {
+		if strings.Contains(vm.LogText(), "now keeps the snapshot") {
+			lockHolders++
+		}
+	}
+	if lockHolders != 1 {
+		t.Errorf("%d VMs fetched snapshots, want exactly one", lockHolders)
+	}
+}
+
+func TestReportsReachCachesyncWithToken(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	f := newFakeCachesync(t, engines(threeEndpoints...)...)
+	vm := newLiveVM(t, h, f, liveConfig(t, nil))
+	syncVMs(vm)
+	body := chatBody(t, "qwen", strings.Repeat("report me ", 50))
+	s := send(t, vm, postHeaders("/v1/chat/completions"), body, 4096)
+	dest := destination(t, s)
+	s.Close()
+	syncVMs(vm)
+	if len(f.reports) == 0 {
+		t.Fatal("no report reached cachesync")
+	}
+	if f.auth[0] != "Bearer s3cret" {
+		t.Errorf("report authorization %q", f.auth[0])
+	}
+	var got []uint64
+	for e := range f.reports[0].Records() {
+		if string(e.Endpoint()) != dest || string(e.Model()) != "qwen" {
+			t.Errorf("report for %s/%s, want %s/qwen", e.Endpoint(), e.Model(), dest)
+		}
+		got = e.AppendHashes(got)
+	}
+	if want := filterHashes(t, body); len(got) != len(want) || got[0] != want[0] {
+		t.Errorf("reported %d hashes, want the prompt's %d", len(got), len(want))
+	}
+}
+
+func TestInFlightLoadSpillsAndReleases(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	eps := engines(threeEndpoints...)
+	f := newFakeCachesync(t, eps...)
+	cfg := liveConfig(t, map[string]any{"policy": map[string]any{"max_ttft_penalty_ms": 50}})
+	vm := newLiveVM(t, h, f, cfg)
+	body := chatBody(t, "qwen", strings.Repeat("hot prefix everybody shares ", 300), "q")
+	warm := threeEndpoints[0]
+	f.hold(warm, filterHashes(t, body))
+	syncVMs(vm)
+
+	// Each request to the warm endpoint adds uncached tokens; cold ones
+	// would prefill the whole prompt at 10k tokens/s. The penalty is 50 ms.
+	var open []*wasmhost.Stream
+	spilled := ""
+	for i := range 100 {
+		b := chatBody(t, "qwen", strings.Repeat("hot prefix everybody shares ", 300), "q", strings.Repeat("new question "+strconv.Itoa(i)+" ", 20))
+		s := send(t, vm, postHeaders("/v1/chat/completions"), b, 1<<20)
+		open = append(open, s)
+		if d := destination(t, s); d != warm {
+			spilled = decisionOf(t, s)
+			break
+		}
+	}
+	if !strings.Contains(spilled, "reason=saturated-release") {
+		t.Fatalf("the warm endpoint never released affinity under load (last decision %q)", spilled)
+	}
+	// Drain: first bytes and stream ends release the load; affinity returns.
+	for _, s := range open {
+		s.SendResponseHeaders([][2]string{{":status", "200"}}, false)
+		s.SendResponseBody([]byte("data: x\n\n"), true)
+		s.Close()
+	}
+	syncVMs(vm)
+	s := send(t, vm, postHeaders("/v1/chat/completions"), body, 1<<20)
+	if d := decisionOf(t, s); !strings.Contains(d, "endpoint="+warm) || !strings.Contains(d, "reason=affinity") {
+		t.Errorf("after draining, decision %q; want affinity back to %s", d, warm)
+	}
+	s.Close()
+}
+
+func TestCachesyncFailuresNeverFailRequests(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	f := newFakeCachesync(t, engines(threeEndpoints...)...)
+	vm := newLiveVM(t, h, f, liveConfig(t, nil))
+	body := chatBody(t, "qwen", strings.Repeat("resilient ", 60))
+
+	// No snapshot yet, cachesync down: rendezvous over the configured list.
+	f.fail = true
+	syncVMs(vm)
+	s := send(t, vm, postHeaders("/v1/chat/completions"), body, 4096)
+	if d := decisionOf(t, s); !strings.Contains(d, "reason=rendezvous") {
+		t.Errorf("with cachesync down and no snapshot: %q, want rendezvous", d)
+	}
+	// A snapshot arrives, then cachesync breaks: corrupt bundles are
+	// rejected and the last good snapshot keeps routing.
+	f.fail = false
+	syncVMs(vm)
+	gen, _ := h.Metric("kvroute.snapshot.generation")
+	f.hold(threeEndpoints[1], filterHashes(t, body))
+	f.corrupt = true
+	syncVMs(vm)
+	if errs, _ := h.Metric("kvroute.sync.errors"); errs == 0 {
+		t.Error("a corrupt bundle was not counted as a sync error")
+	}
+	if g, _ := h.Metric("kvroute.snapshot.generation"); g != gen {
+		t.Errorf("generation moved from %d to %d on a corrupt bundle", gen, g)
+	}
+	s = send(t, vm, postHeaders("/v1/chat/completions"), body, 4096)
+	if d := decisionOf(t, s); !strings.Contains(d, "reason=") || strings.Contains(d, "fallback=") {
+		t.Errorf("with a corrupt bundle: %q, want a routed decision from the last good snapshot", d)
+	}
+	f.corrupt = false
+	syncVMs(vm)
+	s = send(t, vm, postHeaders("/v1/chat/completions"), body, 4096)
+	if got := destination(t, s); got != threeEndpoints[1] {
+		t.Errorf("after recovery routed to %s, want %s", got, threeEndpoints[1])
+	}
+	if err := vm.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLocalModeLearnsAcrossVMs(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	cfg := pluginConfig(t, map[string]any{"debug_header": true, "sync_interval_ms": 100})
+	vm1, vm2 := newVM(t, h, cfg), newVM(t, h, cfg)
+	conversation := strings.Repeat("a long shared conversation so far ", 80)
+	first := send(t, vm1, postHeaders("/v1/chat/completions"), chatBody(t, "qwen", conversation, "turn 1"), 4096)
+	home := destination(t, first)
+	first.Close()
+	for range 3 {
+		vm1.Tick()
+		vm2.Tick()
+	}
+	// The other worker, which never saw the conversation, sends the next
+	// turn to the same endpoint because the index says it holds the prefix.
+	s := send(t, vm2, postHeaders("/v1/chat/completions"), chatBody(t, "qwen", conversation, "turn 1", "turn 2"), 4096)
+	if d := decisionOf(t, s); !strings.Contains(d, "endpoint="+home) || !strings.Contains(d, "reason=affinity") {
+		t.Errorf("second turn on another VM: %q, want affinity to %s", d, home)
+	}
+}
+
+func TestHeldRequestIsReleasedWithoutStopIterationFlag(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	vm, err := h.NewVM(context.Background(), wasmhost.VMConfig{
+		VMID: "kvroute", PluginConfiguration: pluginConfig(t, map[string]any{"hold_timeout_ms": 20}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := vm.NewStream()
+	s.SendRequestHeaders(postHeaders("/v1/chat/completions"), false)
+	s.SendRequestBody(chatBody(t, "qwen", "hello"), true)
+	if s.Upstream.Headers != nil {
+		t.Fatal("headers passed although Envoy stopped all iteration")
+	}
+	time.Sleep(50 * time.Millisecond)
+	vm.Tick()
+	if s.Upstream.Headers == nil || !s.Upstream.Ended {
+		t.Fatal("the held request was never released")
+	}
+	if n := metric(t, h, "kvroute.requests.held_too_long"); n != 1 {
+		t.Errorf("held_too_long = %d", n)
+	}
+	if !strings.Contains(vm.LogText(), "allow_on_headers_stop_iteration") {
+		t.Error("the log does not tell the operator what to fix")
+	}
+}

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"github.com/kvroute/kvroute/filter/proxywasm"
+	"github.com/kvroute/kvroute/shared/policy"
+)
+
+// stats are the filter's Envoy stats (shown as wasmcustom.kvroute.*).
+// Envoy sums counters and gauge additions over the worker VMs; gauges that
+// every VM sets (generation, age) show the last writer's value.
+type stats struct {
+	outcomes     [numOutcomes]proxywasm.MetricCounter
+	reasons      [numReasons]proxywasm.MetricCounter
+	prefixBlocks proxywasm.MetricHistogram
+	generation   proxywasm.MetricGauge
+	ageMillis    proxywasm.MetricGauge
+	syncErrors   proxywasm.MetricCounter
+	fetched      proxywasm.MetricCounter
+	refreshBytes proxywasm.MetricCounter
+	reported     proxywasm.MetricCounter
+	reportErrors proxywasm.MetricCounter
+}
+
+// The decision reasons: the policy's, then the rendezvous fallback.
+const numReasons = 5
+
+var reasonNames = [numReasons]string{
+	policy.ReasonAffinity.String(),
+	policy.ReasonSaturatedRelease.String(),
+	policy.ReasonLeastLoad.String(),
+	policy.ReasonFallback.String(),
+	reasonRendezvous,
+}
+
+func newStats() *stats {
+	m := &stats{
+		prefixBlocks: proxywasm.DefineHistogramMetric("kvroute.prefix_blocks"),
+		generation:   proxywasm.DefineGaugeMetric("kvroute.snapshot.generation"),
+		ageMillis:    proxywasm.DefineGaugeMetric("kvroute.snapshot.age_ms"),
+		syncErrors:   proxywasm.DefineCounterMetric("kvroute.sync.errors"),
+		fetched:      proxywasm.DefineCounterMetric("kvroute.sync.fetched_bytes"),
+		refreshBytes: proxywasm.DefineCounterMetric("kvroute.sync.refresh_bytes"),
+		reported:     proxywasm.DefineCounterMetric("kvroute.reports.sent"),
+		reportErrors: proxywasm.DefineCounterMetric("kvroute.reports.errors"),
+	}
+	for o := range m.outcomes {
+		m.outcomes[o] = proxywasm.DefineCounterMetric("kvroute.requests." + outcome(o).String())
+	}
+	for i, r := range reasonNames {
+		m.reasons[i] = proxywasm.DefineCounterMetric("kvroute.decisions." + r)
+	}
+	return m
+}
+
+func (m *stats) decided(d *decision) {
+	m.outcomes[d.outcome].Increment(1)
+	if d.outcome != routed {
+		return
+	}
+	for i, r := range reasonNames {
+		if r == d.reason {
+			m.reasons[i].Increment(1)
+		}
+	}
+	if d.reason != reasonRendezvous {
+		m.prefixBlocks.Record(uint64(d.policy.Blocks))
+	}
+}
