@@ -1,0 +1,347 @@
+// Package report encodes the routing-decision reports a gateway sends to
+// cachesync: which endpoint a prompt was routed to, and the prompt's chained
+// block hashes. cachesync feeds them to its approximate prefix index (and so
+// does the filter itself when it runs without cachesync), so that a prefix
+// one gateway routed is known to every gateway.
+//
+// A batch is a header, records back to back and a checksum over all of it:
+//
+//	batch:  "KVRP" | u16 version | u16 0 | u32 records | u32 0 | record... | u64 XXH64(everything before)
+//	record: u8 recordTag | u8 len(endpoint) | u8 len(model) | u8 0 | u32 hashes | u32 cached |
+//	        endpoint | model | hashes x u64
+//
+// All integers are little-endian. A record is self-delimited and carries no
+// checksum of its own, so a gateway encodes one record per request
+// (AppendRecord), queues the bytes, and a periodic task concatenates queued
+// records into a batch (Writer.AddEncoded) at the cost of a copy.
+//
+// Parse checks the whole batch (checksum, every length, every limit) before
+// any record is read, so a corrupt or truncated batch is rejected entirely,
+// never half applied.
+package report
+
+import (
+	"encoding/binary"
+	"errors"
+	"iter"
+	"slices"
+	"strconv"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Version is the batch format version this package writes and the only one
+// it reads.
+const Version = 1
+
+const (
+	magic       = "KVRP"
+	headerSize  = 16
+	trailerSize = 8
+	recordFixed = 12
+	// recordTag opens every record: a record queued by a module built
+	// against another format is refused before it reaches a batch.
+	recordTag = 0xB1
+)
+
+// MaxName is the longest endpoint address or model name a record carries.
+const MaxName = 255
+
+// MaxHashes is the most hashes a record can carry whatever the limits:
+// enough for 64 MiB of prompt text at 64-byte blocks.
+const MaxHashes = 1 << 20
+
+// Default limits: DefaultMaxHashes matches the block cap of shared/blockhash
+// (128k-token prompts), and DefaultMaxRecords covers a gateway routing
+// 100k requests per second with a 100 ms report interval.
+const (
+	DefaultMaxRecords = 16384
+	DefaultMaxHashes  = 8192
+)
+
+var le = binary.LittleEndian
+
+// Errors returned by the decoder; wrapped errors carry the detail (test with
+// errors.Is).
+var (
+	// ErrCorrupt reports a batch or record that is truncated, fails its
+	// checksum or breaks a rule of the format.
+	ErrCorrupt = errors.New("report: corrupt")
+	// ErrVersion reports a batch in a format version this package does not
+	// read.
+	ErrVersion = errors.New("report: unsupported format version")
+	// ErrLimit reports a well-formed batch that exceeds the reader's
+	// Limits.
+	ErrLimit = errors.New("report: over limit")
+)
+
+type detailError struct {
+	kind error
+	msg  string
+}
+
+func (e *detailError) Error() string   { return e.kind.Error() + ": " + e.msg }
+func (e *detailError) Is(t error) bool { return t == e.kind }
+
+func corrupt(msg string) error { return &detailError{ErrCorrupt, msg} }
+
+// Limits bound what a reader accepts. The zero value means the defaults.
+type Limits struct {
+	MaxRecords int // records per batch; <= 0 means DefaultMaxRecords
+	MaxHashes  int // hashes per record; <= 0 means DefaultMaxHashes, and never more than MaxHashes
+}
+
+func (l Limits) records() int {
+	if l.MaxRecords <= 0 {
+		return DefaultMaxRecords
+	}
+	return l.MaxRecords
+}
+
+func (l Limits) hashes() int {
+	if l.MaxHashes <= 0 {
+		return DefaultMaxHashes
+	}
+	return min(l.MaxHashes, MaxHashes)
+}
+
+// Record is one routing decision.
+type Record struct {
+	Endpoint string   // the chosen endpoint's ip:port
+	Model    string   // the requested model or adapter, informational
+	Hashes   []uint64 // the prompt's chained block hashes, prefix first
+	Cached   int      // leading hashes the policy found cached at Endpoint
+}
+
+// AppendRecord appends r, encoded, to dst. It refuses an empty or overlong
+// endpoint, an overlong model, more than MaxHashes hashes, and a Cached count
+// outside 0..len(Hashes); dst is then returned unchanged.
+func AppendRecord(dst []byte, r *Record) ([]byte, error) {
+	switch {
+	case len(r.Endpoint) == 0 || len(r.Endpoint) > MaxName:
+		return dst, errors.New("report: endpoint must have 1 to 255 bytes")
+	case len(r.Model) > MaxName:
+		return dst, errors.New("report: model must have at most 255 bytes")
+	case len(r.Hashes) > MaxHashes:
+		return dst, errors.New("report: more than " + strconv.Itoa(MaxHashes) + " hashes")
+	case r.Cached < 0 || r.Cached > len(r.Hashes):
+		return dst, errors.New("report: cached count outside 0..hashes")
+	}
+	dst = append(dst, recordTag, byte(len(r.Endpoint)), byte(len(r.Model)), 0)
+	dst = le.AppendUint32(dst, uint32(len(r.Hashes)))
+	dst = le.AppendUint32(dst, uint32(r.Cached))
+	dst = append(dst, r.Endpoint...)
+	dst = append(dst, r.Model...)
+	for _, h := range r.Hashes {
+		dst = le.AppendUint64(dst, h)
+	}
+	return dst, nil
+}
+
+// recordSize checks the record at the start of b against the format and
+// maxHashes and returns its size and hash count.
+func recordSize(b []byte, maxHashes int) (size, hashes int, err error) {
+	if len(b) < recordFixed {
+		return 0, 0, corrupt("record truncated")
+	}
+	if b[0] != recordTag || b[3] != 0 {
+		return 0, 0, corrupt("bad record tag")
+	}
+	ep, model := int(b[1]), int(b[2])
+	n, cached := le.Uint32(b[4:]), le.Uint32(b[8:])
+	if ep == 0 {
+		return 0, 0, corrupt("record without endpoint")
+	}
+	if cached > n {
+		return 0, 0, corrupt("cached count over hash count")
+	}
+	if uint64(n) > uint64(maxHashes) {
+		if n > MaxHashes {
+			return 0, 0, corrupt("hash count " + strconv.FormatUint(uint64(n), 10) + " out of range")
+		}
+		return 0, 0, &detailError{ErrLimit, "record with " + strconv.FormatUint(uint64(n), 10) + " hashes, limit " + strconv.Itoa(maxHashes)}
+	}
+	size = recordFixed + ep + model + 8*int(n)
+	if size > len(b) {
+		return 0, 0, corrupt("record truncated")
+	}
+	return size, int(n), nil
+}
+
+// Writer collects records into one batch. The zero value is an empty batch
+// ready to use; a Writer reuses its buffer after Reset.
+type Writer struct {
+	buf []byte // header space, then the records
+	n   int
+}
+
+// Reset empties the batch, keeping its buffer.
+func (w *Writer) Reset() {
+	w.buf = w.buf[:0]
+	w.n = 0
+}
+
+func (w *Writer) start() {
+	if len(w.buf) == 0 {
+		w.buf = append(w.buf, make([]byte, headerSize)...)
+	}
+}
+
+// Add encodes r into the batch; see AppendRecord for what it refuses.
+func (w *Writer) Add(r *Record) error {
+	w.start()
+	b, err := AppendRecord(w.buf, r)
+	if err != nil {
+		return err
+	}
+	w.buf = b
+	w.n++
+	return nil
+}
+
+// AddEncoded adds records that AppendRecord encoded, back to back in b, and
+// returns how many. It checks every record (within the format's MaxHashes)
+// and adds nothing if any is malformed or b ends inside one.
+func (w *Writer) AddEncoded(b []byte) (int, error) {
+	n := 0
+	for p := b; len(p) > 0; n++ {
+		size, _, err := recordSize(p, MaxHashes)
+		if err != nil {
+			return 0, err
+		}
+		p = p[size:]
+	}
+	w.start()
+	w.buf = append(w.buf, b...)
+	w.n += n
+	return n, nil
+}
+
+// Len returns the number of records in the batch.
+func (w *Writer) Len() int { return w.n }
+
+// Size returns the size of the encoded batch, what Bytes returns.
+func (w *Writer) Size() int { return max(len(w.buf), headerSize) + trailerSize }
+
+// Bytes returns the encoded batch. It stays valid until the next call on w;
+// records may be added afterwards.
+func (w *Writer) Bytes() []byte {
+	w.start()
+	copy(w.buf, magic)
+	le.PutUint16(w.buf[4:], Version)
+	le.PutUint16(w.buf[6:], 0)
+	le.PutUint32(w.buf[8:], uint32(w.n))
+	le.PutUint32(w.buf[12:], 0)
+	out := le.AppendUint64(w.buf, xxhash.Sum64(w.buf))
+	return out[:len(out):len(out)]
+}
+
+// Batch is a parsed batch, read in place from the bytes given to Parse.
+type Batch struct {
+	recs   []byte
+	n      int
+	hashes int
+}
+
+// Parse checks b as a batch within lim and returns it. The batch keeps b;
+// b must not change while the batch is used.
+func Parse(b []byte, lim Limits) (Batch, error) {
+	if len(b) < headerSize+trailerSize {
+		return Batch{}, corrupt("batch truncated at " + strconv.Itoa(len(b)) + " bytes")
+	}
+	if string(b[:4]) != magic {
+		return Batch{}, corrupt("bad magic")
+	}
+	if v := le.Uint16(b[4:]); v != Version {
+		return Batch{}, &detailError{ErrVersion, "version " + strconv.Itoa(int(v))}
+	}
+	end := len(b) - trailerSize
+	if xxhash.Sum64(b[:end]) != le.Uint64(b[end:]) {
+		return Batch{}, corrupt("checksum mismatch")
+	}
+	if le.Uint16(b[6:]) != 0 || le.Uint32(b[12:]) != 0 {
+		return Batch{}, corrupt("reserved header bytes set")
+	}
+	n := le.Uint32(b[8:])
+	if uint64(n) > uint64(lim.records()) {
+		return Batch{}, &detailError{ErrLimit, strconv.FormatUint(uint64(n), 10) + " records, limit " + strconv.Itoa(lim.records())}
+	}
+	bt := Batch{recs: b[headerSize:end], n: int(n)}
+	p, maxHashes := bt.recs, lim.hashes()
+	for i := 0; i < bt.n; i++ {
+		size, h, err := recordSize(p, maxHashes)
+		if err != nil {
+			return Batch{}, inRecord(i, err)
+		}
+		bt.hashes += h
+		p = p[size:]
+	}
+	if len(p) != 0 {
+		return Batch{}, corrupt("bytes after the last record")
+	}
+	return bt, nil
+}
+
+// inRecord names record i in err's detail.
+func inRecord(i int, err error) error {
+	var d *detailError
+	if !errors.As(err, &d) {
+		return err
+	}
+	return &detailError{d.kind, "record " + strconv.Itoa(i) + ": " + d.msg}
+}
+
+// Len returns the number of records.
+func (b Batch) Len() int { return b.n }
+
+// NumHashes returns the number of hashes over all records.
+func (b Batch) NumHashes() int { return b.hashes }
+
+// Records yields the records in order.
+func (b Batch) Records() iter.Seq[Entry] {
+	return func(yield func(Entry) bool) {
+		p := b.recs
+		for range b.n {
+			// Parse checked every record, so the sizes hold.
+			size := recordFixed + int(p[1]) + int(p[2]) + 8*int(le.Uint32(p[4:]))
+			if !yield(Entry{b: p[:size:size]}) {
+				return
+			}
+			p = p[size:]
+		}
+	}
+}
+
+// Entry is one record of a parsed batch, read in place.
+type Entry struct {
+	b []byte
+}
+
+// Endpoint returns the endpoint's ip:port. The slice aliases the batch.
+func (e Entry) Endpoint() []byte { return e.b[recordFixed : recordFixed+int(e.b[1])] }
+
+// Model returns the model name. The slice aliases the batch.
+func (e Entry) Model() []byte {
+	off := recordFixed + int(e.b[1])
+	return e.b[off : off+int(e.b[2])]
+}
+
+// Cached returns how many leading hashes the policy found cached.
+func (e Entry) Cached() int { return int(le.Uint32(e.b[8:])) }
+
+// NumHashes returns the number of hashes.
+func (e Entry) NumHashes() int { return int(le.Uint32(e.b[4:])) }
+
+// Hash returns hash i, 0 <= i < NumHashes().
+func (e Entry) Hash(i int) uint64 { return le.Uint64(e.b[e.hashOff()+8*i:]) }
+
+func (e Entry) hashOff() int { return recordFixed + int(e.b[1]) + int(e.b[2]) }
+
+// AppendHashes appends the record's hashes, prefix first, to dst.
+func (e Entry) AppendHashes(dst []uint64) []uint64 {
+	dst = slices.Grow(dst, e.NumHashes())
+	for p := e.b[e.hashOff():]; len(p) >= 8; p = p[8:] {
+		dst = append(dst, le.Uint64(p))
+	}
+	return dst
+}
