@@ -1,0 +1,602 @@
+// Package index is cachesync's single owner of the snapshot: it takes
+// changes from many goroutines (an event bridge per engine, the report
+// handler, discovery, the metrics scraper) and publishes them as snapshot
+// images, at most once per interval and only when something changed.
+//
+// # Writers never wait for a build
+//
+// Block changes from an engine's KV events go into a queue per endpoint
+// (Sink) and routing reports into a queue of batches (Report); the builder
+// loop (Run) applies the queues and builds under the index's lock, so an
+// event bridge appends under a lock of its own and goes back to its socket
+// while a large snapshot is encoded. Queues are bounded: a writer that
+// finds its queue full applies it itself, waiting for the lock, which slows
+// the producer instead of growing memory. Endpoint changes (SetEndpoint,
+// SetMode, SetCapacity, RemoveEndpoint) are rare and apply at once under
+// the lock.
+//
+// # Precise and approximate endpoints
+//
+// Each endpoint is in one mode. A precise endpoint's entries come only from
+// its engine's KV events; routing reports naming it are ignored (and
+// counted). The snapshot keeps one bit per endpoint, block and tier, so two
+// sources cannot share it: a report would add blocks the engine may never
+// have cached, and nothing would remove them, since the engine's events
+// only remove what it stored, while the events describe the engine's cache
+// exactly, lagging by about one sync interval, which the filter's own
+// in-flight accounting covers. An approximate endpoint's entries come from
+// reports through shared/approx, sized by SetCapacity. Switching modes
+// clears the endpoint's entries, for the same reason.
+package index
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/shared/approx"
+	"github.com/kvroute/kvroute/shared/report"
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
+// Mode says where an endpoint's index entries come from.
+type Mode uint8
+
+// The modes.
+const (
+	// Approximate endpoints learn from the gateways' routing reports.
+	Approximate Mode = iota
+	// Precise endpoints learn from their engine's KV events, through a
+	// Sink.
+	Precise
+)
+
+// String returns "approximate" or "precise".
+func (m Mode) String() string {
+	if m == Precise {
+		return "precise"
+	}
+	return "approximate"
+}
+
+// Defaults for Config.
+const (
+	DefaultInterval = 100 * time.Millisecond
+	// DefaultCapacity is the approximate capacity, in text blocks, of an
+	// endpoint whose KV-cache size is not known yet: 500k tokens at the
+	// default sizing, the default of the Gateway API Inference Extension.
+	DefaultCapacity = 31250
+	// DefaultMaxPending bounds the changes queued per precise endpoint.
+	DefaultMaxPending = 1 << 16
+	// DefaultMaxPendingHashes bounds the hashes of queued report batches.
+	DefaultMaxPendingHashes = 1 << 22
+)
+
+// Config configures an Index. The zero value means the defaults.
+type Config struct {
+	// Interval is the least time between two builds; 0 means
+	// DefaultInterval.
+	Interval time.Duration
+	// Snapshot shapes the snapshots. A zero FirstGeneration is seeded
+	// from the clock (in microseconds), so that a restarted cachesync
+	// never reuses a generation a fetcher holds.
+	Snapshot snapshot.BuilderConfig
+	// DefaultCapacity is the approximate capacity of an endpoint until
+	// SetCapacity; 0 means DefaultCapacity.
+	DefaultCapacity int
+	// MaxPending bounds the block changes queued per precise endpoint; 0
+	// means DefaultMaxPending.
+	MaxPending int
+	// MaxPendingHashes bounds the hashes of queued report batches; 0 means
+	// DefaultMaxPendingHashes.
+	MaxPendingHashes int
+	// Registerer, if set, receives the index's metrics.
+	Registerer prometheus.Registerer
+	// Logger logs endpoint changes; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Index is safe for concurrent use.
+type Index struct {
+	interval    time.Duration
+	defaultCap  int
+	maxPending  int
+	maxReported int
+	log         *slog.Logger
+	m           *metrics
+
+	mu        sync.Mutex // guards the fields below and endpoint fields marked so
+	b         *snapshot.Builder
+	approx    *approx.Index
+	eps       map[string]*endpoint
+	changed   bool
+	lastBuild time.Time
+	hashes    []uint64 // scratch for report hashes
+
+	rmu      sync.Mutex // guards reports
+	reports  []report.Batch
+	rhashes  int
+	rspare   []report.Batch
+	wake     chan struct{}
+	wakeSent atomic.Bool
+
+	img   atomic.Pointer[snapshot.Image]
+	stats atomic.Pointer[Stats]
+}
+
+type endpoint struct {
+	addr string
+
+	// Guarded by Index.mu.
+	slot     int
+	mode     Mode
+	info     snapshot.EndpointInfo
+	capacity int
+	spare    []op
+
+	// epoch changes (under both Index.mu and qmu) when the endpoint
+	// leaves precise mode or is removed: a Sink of an older epoch is
+	// stale and its changes are dropped.
+	qmu   sync.Mutex
+	epoch uint32
+	ops   []op
+}
+
+type opKind uint8
+
+const (
+	opAdd opKind = iota
+	opRemove
+	opClear
+)
+
+// op is one queued block change of a precise endpoint.
+type op struct {
+	h    uint64
+	kind opKind
+	tier snapshot.Tier
+}
+
+// New returns an empty index. Run publishes its snapshots.
+func New(cfg Config) (*Index, error) {
+	sc := cfg.Snapshot
+	if sc.FirstGeneration == 0 {
+		// Microseconds: a restarted cachesync starts past every
+		// generation the last one built (at most one per interval), and
+		// the value stays exact as a float64 metric.
+		sc.FirstGeneration = uint64(time.Now().UnixMicro())
+	}
+	b, err := snapshot.NewBuilder(sc)
+	if err != nil {
+		return nil, err
+	}
+	x := &Index{
+		interval:    cmp.Or(cfg.Interval, DefaultInterval),
+		defaultCap:  cmp.Or(cfg.DefaultCapacity, DefaultCapacity),
+		maxPending:  cmp.Or(cfg.MaxPending, DefaultMaxPending),
+		maxReported: cmp.Or(cfg.MaxPendingHashes, DefaultMaxPendingHashes),
+		log:         cfg.Logger,
+		b:           b,
+		approx:      approx.New(),
+		eps:         make(map[string]*endpoint),
+		changed:     true, // the first build publishes even an empty index
+		wake:        make(chan struct{}, 1),
+	}
+	switch {
+	case x.interval < 0:
+		return nil, errors.New("index: negative interval")
+	case x.defaultCap < 1 || x.defaultCap > approx.MaxCapacity:
+		return nil, errors.New("index: default capacity out of range")
+	case x.maxPending < 1 || x.maxReported < 1:
+		return nil, errors.New("index: pending limits must be positive")
+	}
+	if x.log == nil {
+		x.log = slog.Default()
+	}
+	x.stats.Store(&Stats{})
+	x.m = newMetrics(x)
+	if cfg.Registerer != nil {
+		if err := x.m.register(cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	return x, nil
+}
+
+// signal wakes the builder loop; it costs an atomic load when the loop is
+// already awake.
+func (x *Index) signal() {
+	if !x.wakeSent.Load() && x.wakeSent.CompareAndSwap(false, true) {
+		select {
+		case x.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// SetEndpoint adds the endpoint, in approximate mode with the default
+// capacity, or updates what is known of it (health, models, load). An
+// update that changes nothing does not cause a build.
+func (x *Index) SetEndpoint(info snapshot.EndpointInfo) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ep := x.eps[info.Addr]
+	if ep != nil && sameInfo(&ep.info, &info) {
+		return nil
+	}
+	slot, err := x.b.SetEndpoint(info)
+	if err != nil {
+		return err
+	}
+	if ep == nil {
+		ep = &endpoint{addr: info.Addr, slot: slot, mode: Approximate, capacity: x.defaultCap}
+		if _, err := x.approx.SetCapacity(slot, ep.capacity, x.b); err != nil {
+			x.b.RemoveEndpoint(info.Addr)
+			return err
+		}
+		x.eps[info.Addr] = ep
+		x.log.Info("endpoint added", "endpoint", info.Addr, "slot", slot)
+	}
+	ep.info = info
+	ep.info.Models = slices.Clone(info.Models)
+	ep.info.Adapters = slices.Clone(info.Adapters)
+	x.touched()
+	return nil
+}
+
+func sameInfo(a, b *snapshot.EndpointInfo) bool {
+	return a.Addr == b.Addr && slices.Equal(a.Models, b.Models) && slices.Equal(a.Adapters, b.Adapters) &&
+		a.Health == b.Health && a.Running == b.Running && a.Waiting == b.Waiting &&
+		a.KVCacheUsage == b.KVCacheUsage && a.PrefillTokens == b.PrefillTokens &&
+		a.PrefillRate == b.PrefillRate && a.Threshold == b.Threshold && a.Signal == b.Signal
+}
+
+// touched records a change; x.mu is held.
+func (x *Index) touched() {
+	x.changed = true
+	x.signal()
+}
+
+func (x *Index) lookup(addr string) (*endpoint, error) {
+	ep := x.eps[addr]
+	if ep == nil {
+		return nil, errors.New("index: unknown endpoint " + addr)
+	}
+	return ep, nil
+}
+
+// RemoveEndpoint drops the endpoint and every entry of it, as when
+// discovery loses it. Its Sinks go stale. It reports whether the endpoint
+// was known.
+func (x *Index) RemoveEndpoint(addr string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ep := x.eps[addr]
+	if ep == nil {
+		return false
+	}
+	// Reports queued before the removal describe the endpoint that goes;
+	// applied later they would land on one re-added at the same address.
+	x.applyReports()
+	x.invalidate(ep)
+	if ep.mode == Approximate {
+		x.approx.Forget(ep.slot)
+	}
+	x.b.RemoveEndpoint(addr)
+	delete(x.eps, addr)
+	x.touched()
+	x.log.Info("endpoint removed", "endpoint", addr)
+	return true
+}
+
+// invalidate drops the endpoint's queued changes and makes its Sinks stale;
+// x.mu is held.
+func (x *Index) invalidate(ep *endpoint) {
+	ep.qmu.Lock()
+	ep.epoch++
+	ep.ops = nil
+	ep.qmu.Unlock()
+	ep.spare = nil
+}
+
+// SetMode switches the endpoint to mode m, clearing its entries if that is
+// a change. Sinks taken in precise mode go stale when it leaves it.
+func (x *Index) SetMode(addr string, m Mode) error {
+	if m != Approximate && m != Precise {
+		return errors.New("index: unknown mode " + strconv.Itoa(int(m)))
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ep, err := x.lookup(addr)
+	if err != nil || ep.mode == m {
+		return err
+	}
+	x.applyReports()
+	x.invalidate(ep)
+	if ep.mode == Approximate {
+		x.approx.Forget(ep.slot)
+	}
+	x.b.ClearEndpoint(ep.slot)
+	if m == Approximate {
+		if _, err := x.approx.SetCapacity(ep.slot, ep.capacity, x.b); err != nil {
+			return err
+		}
+	}
+	ep.mode = m
+	x.touched()
+	x.log.Info("endpoint mode", "endpoint", addr, "mode", m.String())
+	return nil
+}
+
+// SetCapacity sets how many text blocks the endpoint's approximate set
+// holds (approx.Sizing converts a KV-cache size); shrinking evicts. It
+// applies in approximate mode and is remembered in precise mode.
+func (x *Index) SetCapacity(addr string, blocks int) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ep, err := x.lookup(addr)
+	if err != nil || ep.capacity == blocks {
+		return err
+	}
+	if blocks < 1 || blocks > approx.MaxCapacity {
+		return errors.New("index: capacity " + strconv.Itoa(blocks) + " out of range")
+	}
+	ep.capacity = blocks
+	if ep.mode == Approximate {
+		c, err := x.approx.SetCapacity(ep.slot, blocks, x.b)
+		if err != nil {
+			return err
+		}
+		x.m.evicted.Add(float64(c.Evicted))
+		if c.Evicted > 0 {
+			x.touched()
+		}
+	}
+	return nil
+}
+
+// Sink returns the writer for the engine events of a precise endpoint,
+// for one goroutine at a time. It goes stale, dropping what it is given,
+// once the endpoint leaves precise mode or is removed, so a bridge left
+// running for an old incarnation cannot write into a new one.
+func (x *Index) Sink(addr string) (*Sink, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ep, err := x.lookup(addr)
+	if err != nil {
+		return nil, err
+	}
+	if ep.mode != Precise {
+		return nil, errors.New("index: endpoint " + addr + " is not in precise mode")
+	}
+	return &Sink{x: x, ep: ep, epoch: ep.epoch}, nil
+}
+
+// Sink queues one precise endpoint's block changes.
+type Sink struct {
+	x     *Index
+	ep    *endpoint
+	epoch uint32
+}
+
+// Add records that the engine holds block h in tier t.
+func (s *Sink) Add(h uint64, t snapshot.Tier) { s.push(op{h: h, kind: opAdd, tier: t}) }
+
+// Remove records that the engine no longer holds block h in tier t.
+func (s *Sink) Remove(h uint64, t snapshot.Tier) { s.push(op{h: h, kind: opRemove, tier: t}) }
+
+// Clear records that the engine holds nothing: it cleared its cache or
+// restarted.
+func (s *Sink) Clear() { s.push(op{kind: opClear}) }
+
+func (s *Sink) push(o op) {
+	ep := s.ep
+	ep.qmu.Lock()
+	if ep.epoch != s.epoch {
+		ep.qmu.Unlock()
+		s.x.m.stale.Inc()
+		return
+	}
+	if o.kind == opClear {
+		ep.ops = ep.ops[:0] // what came before is cleared anyway
+	}
+	ep.ops = append(ep.ops, o)
+	full := len(ep.ops) >= s.x.maxPending
+	ep.qmu.Unlock()
+	if full {
+		s.x.mu.Lock()
+		s.x.applyOps(ep)
+		s.x.mu.Unlock()
+	}
+	s.x.signal()
+}
+
+// applyOps applies the endpoint's queued changes; x.mu is held.
+func (x *Index) applyOps(ep *endpoint) {
+	ep.qmu.Lock()
+	ops := ep.ops
+	ep.ops = ep.spare[:0]
+	ep.qmu.Unlock()
+	if len(ops) == 0 {
+		return
+	}
+	// Ops are only queued in precise mode and dropped on leaving it, so
+	// the slot is the endpoint's.
+	for _, o := range ops {
+		switch o.kind {
+		case opAdd:
+			_ = x.b.Add(ep.slot, o.h, o.tier)
+		case opRemove:
+			_ = x.b.Remove(ep.slot, o.h, o.tier)
+		case opClear:
+			x.b.ClearEndpoint(ep.slot)
+		}
+	}
+	x.m.ops.Add(float64(len(ops)))
+	ep.spare = ops[:0]
+	x.changed = true
+}
+
+// Report queues a parsed batch of routing reports for the builder loop.
+// The batch keeps its bytes. If too many hashes are queued, Report applies
+// the queue itself.
+func (x *Index) Report(bt report.Batch) {
+	if bt.Len() == 0 {
+		return
+	}
+	x.rmu.Lock()
+	x.reports = append(x.reports, bt)
+	x.rhashes += bt.NumHashes()
+	full := x.rhashes >= x.maxReported
+	x.rmu.Unlock()
+	if full {
+		x.mu.Lock()
+		x.applyReports()
+		x.mu.Unlock()
+	}
+	x.signal()
+}
+
+// applyReports applies the queued report batches; x.mu is held.
+func (x *Index) applyReports() {
+	x.rmu.Lock()
+	batches := x.reports
+	x.reports, x.rhashes = x.rspare[:0], 0
+	x.rmu.Unlock()
+	var applied, unknown, precise, hashes, added, evicted int
+	for i, bt := range batches {
+		for e := range bt.Records() {
+			ep := x.eps[string(e.Endpoint())]
+			switch {
+			case ep == nil:
+				unknown++
+				continue
+			case ep.mode != Approximate:
+				precise++
+				continue
+			}
+			x.hashes = e.AppendHashes(x.hashes[:0])
+			c, err := x.approx.Touch(ep.slot, x.hashes, x.b)
+			if err != nil {
+				// The endpoint table and the approximate sets move
+				// together under x.mu; this is a bug, not input.
+				x.log.Error("applying a report", "endpoint", ep.addr, "err", err)
+			}
+			applied++
+			hashes += len(x.hashes)
+			added += c.Added
+			evicted += c.Evicted
+		}
+		batches[i] = report.Batch{} // let the body go
+	}
+	x.rspare = batches[:0]
+	m := x.m
+	m.records.WithLabelValues("applied").Add(float64(applied))
+	m.records.WithLabelValues("unknown_endpoint").Add(float64(unknown))
+	m.records.WithLabelValues("precise_endpoint").Add(float64(precise))
+	m.hashes.Add(float64(hashes))
+	m.added.Add(float64(added))
+	m.evicted.Add(float64(evicted))
+	if added+evicted > 0 {
+		x.changed = true
+	}
+}
+
+// Run builds snapshots until ctx is done: after a change, as soon as the
+// interval since the last build has passed.
+func (x *Index) Run(ctx context.Context) error {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	x.signal() // the first build
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-x.wake:
+		}
+		if d := time.Until(x.lastBuildTime().Add(x.interval)); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return nil
+			case <-timer.C:
+			}
+		}
+		// Clear the flag before taking the queues: a change queued
+		// from now on wakes the loop again.
+		x.wakeSent.Store(false)
+		x.Publish()
+	}
+}
+
+func (x *Index) lastBuildTime() time.Time {
+	return x.Stats().Built
+}
+
+// Publish applies every queued change and, if anything changed since the
+// last build, builds a new snapshot at once. It returns the latest image,
+// nil if none was ever built. Run calls it; tests and shutdown may too.
+func (x *Index) Publish() *snapshot.Image {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.applyReports()
+	for _, ep := range x.eps {
+		if ep.mode == Precise {
+			x.applyOps(ep)
+		}
+	}
+	if !x.changed {
+		return x.img.Load()
+	}
+	start := time.Now()
+	im := x.b.Build(start)
+	took := time.Since(start)
+	x.changed = false
+	st := &Stats{
+		Generation:    im.Generation(),
+		Endpoints:     len(x.eps),
+		Entries:       x.b.Entries(),
+		ApproxEntries: x.approx.Entries(),
+		Size:          im.Size(),
+		BuildTime:     took,
+		Built:         start,
+		Builds:        x.Stats().Builds + 1,
+	}
+	for _, ep := range x.eps {
+		if ep.mode == Precise {
+			st.Precise++
+		}
+	}
+	x.stats.Store(st)
+	x.img.Store(im)
+	x.m.buildTime.Observe(took.Seconds())
+	return im
+}
+
+// Image returns the latest snapshot, nil before the first build.
+func (x *Index) Image() *snapshot.Image { return x.img.Load() }
+
+// Stats describes the latest build.
+type Stats struct {
+	Generation    uint64
+	Endpoints     int // endpoints in the table
+	Precise       int // of which in precise mode
+	Entries       int // block hashes indexed
+	ApproxEntries int // hashes held by approximate sets (each also indexed)
+	Size          int // bytes of the image, all parts
+	BuildTime     time.Duration
+	Built         time.Time // when the build started; zero before the first
+	Builds        uint64
+}
+
+// Stats returns the figures of the latest build.
+func (x *Index) Stats() Stats { return *x.stats.Load() }
