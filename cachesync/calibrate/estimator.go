@@ -9,26 +9,29 @@
 //
 // # The online estimate
 //
-// Two measurements bound R_peak from below, each over windows of at least
-// Config.Window:
+// Over each window of at least Config.Window, with U uncached prompt
+// tokens finished in Δt, two figures bound R_peak from below:
 //
-//   - Saturated throughput: uncached prompt tokens finished per second in
-//     windows where requests were waiting at every scrape, so the engine
-//     never idled. It falls short of R_peak when decoding shares the steps
-//     (decode-bound load also queues).
-//   - Per-request prefill speed: uncached prompt tokens over the summed
-//     per-request prefill times (vLLM's request_prefill_time_seconds).
-//     Prefills batched together overlap, so the summed time overstates
-//     the engine's time and the rate falls short by the overlap; it is
-//     close to R_peak only for long prompts prefilled one at a time, so
-//     windows whose prompts average under MinPromptTokens uncached tokens,
-//     where the fixed cost of a step dominates, are not used.
+//   - Throughput, U / Δt: exact while the engine prefills all the time,
+//     short when it idles or decodes. Without a better figure it counts
+//     only in windows where requests were waiting at every scrape.
+//   - Per-request prefill speed, U / P, where P is the time those requests
+//     spent in prefill (vLLM's request_prefill_time_seconds, scaled to
+//     the requests counted in U, since vLLM records it when a request
+//     finishes, not when its prefill does). Prefills batched together
+//     overlap, so P overstates the engine's time once several run at once;
+//     but then P > Δt, and U / Δt is the better bound.
 //
-// Idle windows say nothing and are skipped. Since both measurements err
-// low, the estimate is a high quantile of the recent windows, smoothed
-// with an exponentially weighted moving average and kept within
-// [Floor, Ceiling]; until MinSamples windows qualify, Default stands.
-// Counters that go backwards (an engine restart) restart the windows.
+// A window's sample is U / min(P, Δt), the tighter bound. Short prompts
+// prefilled at light load are dominated by a step's fixed cost, so outside
+// saturation a window counts only if its prompts average MinPromptTokens
+// uncached tokens. Idle windows say nothing and are skipped.
+//
+// Since every sample errs low, the estimate is a high quantile of the
+// recent samples: it rises to a higher quantile at once and falls toward a
+// lower one with an exponentially weighted moving average, within
+// [Floor, Ceiling]. Until MinSamples windows count, Default stands.
+// Counters that go backwards (an engine restart) start a new window.
 package calibrate
 
 import (
@@ -54,14 +57,14 @@ const (
 	// estimate replaces the default.
 	DefaultMinSamples = 3
 	// DefaultMinPromptTokens is the mean uncached prompt, in tokens, that
-	// makes a per-request window count.
+	// makes a window count outside saturation.
 	DefaultMinPromptTokens = 1024
 
 	// samples is how many windows the quantile looks back over.
 	samples = 32
 	// quantile of those windows: high, since every window errs low.
 	quantile = 0.9
-	// smoothing is the weight of a new quantile in the moving average.
+	// smoothing is the weight of a lower quantile in the moving average.
 	smoothing = 0.3
 	// minRequests is the fewest requests a window must see finish their
 	// prefill, so that one prompt counted whole cannot make a window.
@@ -84,7 +87,7 @@ type Config struct {
 	// used; 0 means DefaultMinSamples.
 	MinSamples int
 	// MinPromptTokens is the mean uncached prompt length that makes a
-	// per-request window count; 0 means DefaultMinPromptTokens.
+	// window count outside saturation; 0 means DefaultMinPromptTokens.
 	MinPromptTokens int
 }
 
@@ -175,36 +178,14 @@ func (o *Observation) restarted(prev *Observation) bool {
 // Estimator estimates one engine's rate from its observations. It is not
 // safe for concurrent use.
 type Estimator struct {
-	cfg              Config
-	prev             *Observation
-	sat              *Observation // start of the saturated window; nil when not saturated
-	req              *Observation // start of the per-request window
-	satRing, reqRing ring
-	est              float64
-	calibrated       bool
-}
-
-// ring holds one measurement's recent windows.
-type ring struct {
-	v [samples]float64
-	n int // windows taken in all
-}
-
-// quantile returns the quantile of the recent windows, if there are at
-// least need of them.
-func (r *ring) quantile(need int) (float64, bool) {
-	if r.n < need || r.n == 0 {
-		return 0, false
-	}
-	recent := slices.Clone(r.v[:min(r.n, samples)])
-	slices.Sort(recent)
-	pos := quantile * float64(len(recent)-1)
-	i := int(pos)
-	q := recent[i]
-	if i+1 < len(recent) {
-		q += (pos - float64(i)) * (recent[i+1] - q)
-	}
-	return q, true
+	cfg        Config
+	prev       *Observation
+	start      *Observation // start of the current window
+	saturated  bool         // requests waited at every scrape of the window
+	samples    [samples]float64
+	n          int // samples taken in all
+	est        float64
+	calibrated bool
 }
 
 // NewEstimator returns an Estimator for cfg, with defaults filled in.
@@ -222,50 +203,63 @@ func (e *Estimator) Observe(o Observation) {
 	if !o.valid() || (e.prev != nil && !o.Time.After(e.prev.Time)) {
 		return
 	}
-	if e.prev != nil && o.restarted(e.prev) {
-		e.sat, e.req = nil, nil
-	}
-	e.prev = &o
-	if e.req == nil {
-		e.req = &o
-	}
-	if o.Waiting == 0 {
-		e.sat = nil
-	} else if e.sat == nil {
-		e.sat = &o
-	}
-	if e.sat != nil && o.Time.Sub(e.sat.Time) >= e.cfg.Window {
-		if tokens := o.uncached() - e.sat.uncached(); tokens > 0 && o.Requests-e.sat.Requests >= minRequests {
-			e.add(&e.satRing, tokens/o.Time.Sub(e.sat.Time).Seconds())
-		}
-		e.sat = &o
-	}
-	if o.Time.Sub(e.req.Time) >= e.cfg.Window {
-		tokens := o.uncached() - e.req.uncached()
-		secs := o.PrefillSeconds - e.req.PrefillSeconds
-		reqs := o.Requests - e.req.Requests
-		if tokens > 0 && secs > 0 && o.PrefillCount-e.req.PrefillCount >= minRequests && reqs > 0 &&
-			tokens/reqs >= float64(e.cfg.MinPromptTokens) {
-			e.add(&e.reqRing, tokens/secs)
-		}
-		e.req = &o
-	}
-}
-
-// add takes one window's measurement into r. Both measurements err low,
-// so the estimate follows the higher of their quantiles.
-func (e *Estimator) add(r *ring, v float64) {
-	r.v[r.n%samples] = v
-	r.n++
-	qs, okS := e.satRing.quantile(e.cfg.MinSamples)
-	qr, okR := e.reqRing.quantile(e.cfg.MinSamples)
-	if !okS && !okR {
+	if e.start == nil || o.restarted(e.prev) {
+		e.prev, e.start, e.saturated = &o, &o, o.Waiting > 0
 		return
 	}
-	q := max(qs, qr)
-	if !e.calibrated {
+	e.prev = &o
+	e.saturated = e.saturated && o.Waiting > 0
+	dt := o.Time.Sub(e.start.Time)
+	if dt < e.cfg.Window {
+		return
+	}
+	if r, ok := e.sample(e.start, &o, dt.Seconds()); ok {
+		e.add(r)
+	}
+	e.start, e.saturated = &o, o.Waiting > 0
+}
+
+// sample measures the window from a to b, if it says anything.
+func (e *Estimator) sample(a, b *Observation, dt float64) (float64, bool) {
+	tokens := b.uncached() - a.uncached()
+	reqs := b.Requests - a.Requests
+	if !(tokens > 0) || reqs < minRequests {
+		return 0, false
+	}
+	if !e.saturated && tokens/reqs < float64(e.cfg.MinPromptTokens) {
+		return 0, false
+	}
+	busy := dt
+	if n := b.PrefillCount - a.PrefillCount; n >= minRequests {
+		busy = min(busy, (b.PrefillSeconds-a.PrefillSeconds)/n*reqs)
+	} else if !e.saturated {
+		return 0, false // no evidence the engine was busy
+	}
+	if !(busy > 0) {
+		return 0, false
+	}
+	return tokens / busy, true
+}
+
+// add takes one window's sample.
+func (e *Estimator) add(v float64) {
+	e.samples[e.n%samples] = v
+	e.n++
+	if e.n < e.cfg.MinSamples {
+		return
+	}
+	recent := slices.Clone(e.samples[:min(e.n, samples)])
+	slices.Sort(recent)
+	pos := quantile * float64(len(recent)-1)
+	i := int(pos)
+	q := recent[i]
+	if i+1 < len(recent) {
+		q += (pos - float64(i)) * (recent[i+1] - q)
+	}
+	switch {
+	case !e.calibrated || q > e.est:
 		e.est, e.calibrated = q, true
-	} else {
+	default:
 		e.est += smoothing * (q - e.est)
 	}
 }

@@ -137,9 +137,9 @@ func TestEstimator(t *testing.T) {
 	}
 }
 
-// TestEstimatorFollowsChange checks that the smoothed estimate moves to a
-// new rate (another model loaded on the same endpoint) within a few
-// minutes of windows.
+// TestEstimatorFollowsChange checks that the estimate follows a new rate
+// (another model or accelerator behind the same address): up at once, down
+// once most recent windows agree.
 func TestEstimatorFollowsChange(t *testing.T) {
 	est, err := NewEstimator(Config{Default: 10000, Floor: 1000, Ceiling: 100000, TMax: 10 * time.Second})
 	if err != nil {
@@ -157,6 +157,18 @@ func TestEstimatorFollowsChange(t *testing.T) {
 	}
 	if r := est.Rate(); math.Abs(r.TokensPerSecond-40000) > 400 {
 		t.Fatalf("rate %.0f after the change, want 40000", r.TokensPerSecond)
+	}
+	for range 200 {
+		est.Observe(e.second(4, 5000, 0, 1, 9))
+	}
+	if r := est.Rate(); r.TokensPerSecond < 39000 {
+		t.Fatalf("rate %.0f after 20 windows at half the rate: the high quantile should still hold", r.TokensPerSecond)
+	}
+	for range 600 {
+		est.Observe(e.second(4, 5000, 0, 1, 9))
+	}
+	if r := est.Rate(); math.Abs(r.TokensPerSecond-20000) > 400 {
+		t.Fatalf("rate %.0f after 80 windows at 20000, want 20000", r.TokensPerSecond)
 	}
 }
 

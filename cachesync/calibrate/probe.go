@@ -31,12 +31,14 @@ const (
 )
 
 // Probe measures an engine's peak prefill rate directly, as llm-d's
-// calibration recipe does: it sends prompts of about B uncached tokens
-// (B = the engine's max-num-batched-tokens, so that one engine step
-// prefills a whole prompt) with max_tokens=1, streaming, one at a time,
-// times each to its first token, and takes R_peak = tokens / TTFT, the
-// median over the runs. Prompts are random words, so nothing hits a
-// prefix cache; the token count is the one the engine reports in usage.
+// calibration recipe does: it sends prompts of B uncached tokens (B = the
+// engine's max-num-batched-tokens, so that one engine step prefills a
+// whole prompt) with max_tokens=1, streaming, one at a time, times each to
+// its first token, and takes R_peak = tokens / TTFT, the median over the
+// runs. Prompts are random words, so nothing hits a prefix cache; where
+// the engine has /tokenize (vLLM) they go as token ids, cut to B, so the
+// timing leaves out tokenizing; the token count is the one the engine
+// reports in usage.
 //
 // Run it against an idle engine: other traffic would queue the probes.
 type Probe struct {
@@ -48,7 +50,7 @@ type Probe struct {
 	// Tokens is B; 0 means DefaultBatchedTokens.
 	Tokens int
 	// Runs is the number of timed prefills; 0 means DefaultRuns. One
-	// untimed warm-up request, half as long, comes first.
+	// warm-up request, half as long and not counted, comes first.
 	Runs int
 	// TMax turns the rate into a threshold; 0 means DefaultTMax.
 	TMax time.Duration
@@ -131,24 +133,19 @@ func (p *Probe) measure(ctx context.Context) (Result, error) {
 	}
 	log = log.With("model", p.Model)
 
-	// Warm up with half a batch; its token count gives tokens per word.
-	words := p.Tokens / 2
-	warm, err := p.prefill(ctx, words)
+	pr := prompter{p: p, log: log, tokenize: true, perWord: 1}
+	warm, err := pr.run(ctx, p.Tokens/2)
 	if err != nil {
 		return Result{}, fmt.Errorf("calibrate: warm-up request: %w", err)
 	}
-	perWord := float64(warm.PromptTokens) / float64(words)
 	log.Info("warmed up", "prompt_tokens", warm.PromptTokens, "ttft", warm.TTFT)
 
 	res := Result{URL: p.URL, Model: p.Model, TMax: p.TMax}
 	for i := range p.Runs {
-		// Aim a little under B: a prompt one token over takes two steps.
-		words := max(1, int(0.99*float64(p.Tokens)/perWord))
-		r, err := p.prefill(ctx, words)
+		r, err := pr.run(ctx, p.Tokens)
 		if err != nil {
 			return Result{}, fmt.Errorf("calibrate: run %d: %w", i+1, err)
 		}
-		perWord = float64(r.PromptTokens) / float64(words)
 		log.Info("run", "n", i+1, "prompt_tokens", r.PromptTokens, "ttft", r.TTFT, "tokens_per_second", math.Round(r.Rate))
 		res.Runs = append(res.Runs, r)
 	}
@@ -213,11 +210,82 @@ func (p *Probe) baseModel(ctx context.Context) (string, error) {
 	return "", errors.New("calibrate: the engine lists no model")
 }
 
-// prefill sends one prompt of random words and times its first token.
-func (p *Probe) prefill(ctx context.Context, words int) (Run, error) {
+// prompter makes the prompts of a probe. Where the engine has vLLM's
+// /tokenize, it tokenizes random text beforehand and sends exactly the
+// tokens wanted, so the time to first token is the engine's prefill and
+// not its tokenizer's work; elsewhere it sends text of about the tokens
+// wanted.
+type prompter struct {
+	p        *Probe
+	log      *slog.Logger
+	tokenize bool    // the engine has /tokenize, as far as is known
+	perWord  float64 // tokens per word of random text, as last seen
+}
+
+// run times one prefill of about tokens uncached tokens.
+func (pr *prompter) run(ctx context.Context, tokens int) (Run, error) {
+	if pr.tokenize {
+		// Ten per cent more words than needed; the tokens are cut to size.
+		words := int(1.1*float64(tokens)/pr.perWord) + 1
+		ids, err := pr.p.tokenize(ctx, randomText(words))
+		switch {
+		case err == nil && len(ids) > 0:
+			pr.perWord = float64(len(ids)) / float64(words)
+			return pr.p.prefill(ctx, ids[:min(tokens, len(ids))])
+		case ctx.Err() != nil:
+			return Run{}, ctx.Err()
+		}
+		pr.log.Info("no /tokenize; sending text, so runs include the engine's tokenizing", "err", err)
+		pr.tokenize = false
+	}
+	// Aim a little under: a prompt one token over takes two steps.
+	words := max(1, int(0.99*float64(tokens)/pr.perWord))
+	r, err := pr.p.prefill(ctx, randomText(words))
+	if err == nil {
+		pr.perWord = float64(r.PromptTokens) / float64(words)
+	}
+	return r, err
+}
+
+// tokenize asks the engine's /tokenize for the token ids of text.
+func (p *Probe) tokenize(ctx context.Context, text string) ([]int, error) {
+	body, err := json.Marshal(map[string]any{"model": p.Model, "prompt": text, "add_special_tokens": false})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL+"/tokenize", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := p.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("POST /tokenize: %s", resp.Status)
+	}
+	var out struct {
+		Tokens []int `json:"tokens"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil, fmt.Errorf("POST /tokenize: %w", err)
+	}
+	return out.Tokens, nil
+}
+
+// prefill sends one prompt, text or token ids, and times its first token.
+func (p *Probe) prefill(ctx context.Context, prompt any) (Run, error) {
 	body, err := json.Marshal(map[string]any{
 		"model":          p.Model,
-		"prompt":         randomText(words),
+		"prompt":         prompt,
 		"max_tokens":     1,
 		"temperature":    0,
 		"stream":         true,

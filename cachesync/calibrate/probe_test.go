@@ -9,6 +9,8 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -38,20 +40,26 @@ func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Engine {
 	return es[0]
 }
 
-// TestProbeMeasuresSimulatorPeak measures the simulator's peak prefill rate
-// and compares it with the cost model's analytic R_peak = B / T(B). The
-// simulator runs at half speed; the probe reads simulated time. The
-// client-side part of each time to first token (HTTP and tokenizing 8k
-// tokens) is wall time that the scale doubles, a few per cent.
+// TestProbeMeasuresSimulatorPeak measures a simulated engine's peak
+// prefill rate and compares it with its cost model's analytic
+// R_peak = B / T(B). The engine is an accelerator half as fast as the
+// default model's, simulated at twice real speed, so a run takes 0.4 s of
+// wall time and the probe reads simulated time. The client-side part of
+// each time to first token (HTTP, and the simulator tokenizing 8k tokens)
+// is wall time that the scale doubles: a few per cent.
 func TestProbeMeasuresSimulatorPeak(t *testing.T) {
 	const scale = 0.5
-	e := startSim(t, vllmsim.Config{TimeScale: scale})
+	cost := vllmsim.DefaultCostModel
+	cost.Step *= 2
+	cost.PrefillToken *= 2
+	cost.PrefillAttention *= 2
+	e := startSim(t, vllmsim.Config{TimeScale: scale, Cost: cost})
 	p := Probe{URL: e.URL() + "/", Runs: 3, Now: simClock(scale), Logger: discard}
 	res, err := p.Measure(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	peak := vllmsim.DefaultCostModel.PeakPrefill(vllmsim.DefaultMaxNumBatchedTokens)
+	peak := cost.PeakPrefill(vllmsim.DefaultMaxNumBatchedTokens)
 	t.Logf("R_peak measured %.0f tokens/s (median TTFT %v over %d-token prompts), analytic %.0f: %+.1f%%",
 		res.Rate, res.TTFT, res.Tokens, peak, 100*(res.Rate-peak)/peak)
 	if math.Abs(res.Rate-peak) > 0.25*peak {
@@ -69,6 +77,38 @@ func TestProbeMeasuresSimulatorPeak(t *testing.T) {
 	// Nothing hit the cache: every prompt was new.
 	if hit, err := e.Probe("/v1/completions", []byte(`{"prompt": "`+randomText(100)+`"}`)); err != nil || hit.GPUTokens != 0 {
 		t.Errorf("a random prompt hits the cache: %+v %v", hit, err)
+	}
+}
+
+// TestProbeWithoutTokenize measures through a proxy that hides the
+// engine's /tokenize, as an engine without one: the probe sends text.
+func TestProbeWithoutTokenize(t *testing.T) {
+	const scale = 0.5
+	cost := vllmsim.DefaultCostModel
+	cost.Step *= 2
+	cost.PrefillToken *= 2
+	cost.PrefillAttention *= 2
+	e := startSim(t, vllmsim.Config{TimeScale: scale, Cost: cost})
+	target, _ := url.Parse(e.URL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.FlushInterval = -1
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			http.NotFound(w, r)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	p := Probe{URL: srv.URL, Runs: 1, Now: simClock(scale), Logger: discard}
+	res, err := p.Measure(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak := cost.PeakPrefill(vllmsim.DefaultMaxNumBatchedTokens)
+	t.Logf("R_peak from text prompts %.0f tokens/s over %d tokens, analytic %.0f: %+.1f%%", res.Rate, res.Tokens, peak, 100*(res.Rate-peak)/peak)
+	if math.Abs(res.Rate-peak) > 0.25*peak || res.Tokens > DefaultBatchedTokens || res.Tokens < DefaultBatchedTokens*9/10 {
+		t.Errorf("R_peak %.0f tokens/s over %d-token prompts, want %.0f ± 25%% over a little under %d", res.Rate, res.Tokens, peak, DefaultBatchedTokens)
 	}
 }
 

@@ -1,0 +1,343 @@
+package scrape
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/cachesync/calibrate"
+)
+
+// Kind is the engine software behind a target, told by its metric names.
+type Kind uint8
+
+// The engine kinds.
+const (
+	KindUnknown Kind = iota
+	KindVLLM
+	KindSGLang
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindVLLM:
+		return "vllm"
+	case KindSGLang:
+		return "sglang"
+	}
+	return "unknown"
+}
+
+// Metrics is what one /metrics page says about an engine. Figures are
+// totals over the engine's cores (vLLM's engine label, SGLang's dp_rank):
+// series that differ only in other labels (tensor- or pipeline-parallel
+// ranks) repeat one core's figure, so the largest of them is taken.
+type Metrics struct {
+	Kind Kind
+	// Cores is the number of engine cores (data-parallel ranks) reporting.
+	Cores            int
+	Running, Waiting int
+	// KVCacheUsage is the fraction of KV-cache blocks in use, the mean over
+	// cores.
+	KVCacheUsage float64
+	// BlockSize is the tokens per KV block (vLLM block_size, SGLang
+	// page_size); NumBlocks the GPU blocks and KVCapacity the tokens the
+	// KV cache holds, over all cores. 0 when the engine does not say.
+	BlockSize, NumBlocks, KVCapacity int
+
+	// Counters since the engine started, for calibration.
+	PromptTokens   float64 // prompt tokens whose prefill finished
+	CachedTokens   float64 // of them, served from a prefix cache or KV connector
+	Requests       float64 // requests past their first token
+	PrefillSeconds float64 // Σ per-request prefill time (vLLM only)
+	PrefillCount   float64
+}
+
+// Observation turns m into a calibration input taken at t.
+func (m *Metrics) Observation(t time.Time) calibrate.Observation {
+	return calibrate.Observation{
+		Time: t, PromptTokens: m.PromptTokens, CachedTokens: m.CachedTokens, Requests: m.Requests,
+		PrefillSeconds: m.PrefillSeconds, PrefillCount: m.PrefillCount, Waiting: float64(m.Waiting),
+	}
+}
+
+// Parse reads a Prometheus text-format page from a vLLM or SGLang engine.
+// It fails on a page that does not parse or carries neither engine's load
+// metrics.
+func Parse(r io.Reader) (Metrics, error) {
+	// Metric names with ':' are valid in either scheme; UTF-8 also admits
+	// the quoted names of newer exporters.
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return Metrics{}, fmt.Errorf("metrics do not parse: %w", err)
+	}
+	pg := page(fams)
+	var m Metrics
+	switch {
+	case pg.has("vllm:num_requests_running"):
+		m.Kind = KindVLLM
+		pg.vllm(&m)
+	case pg.has("sglang:num_running_reqs"):
+		m.Kind = KindSGLang
+		pg.sglang(&m)
+	default:
+		return Metrics{}, errors.New("no vLLM or SGLang load metrics on the page")
+	}
+	return m, nil
+}
+
+type page map[string]*dto.MetricFamily
+
+func (p page) has(name string) bool { return p[name] != nil }
+
+func (p page) vllm(m *Metrics) {
+	m.Cores = p.cores("vllm:num_requests_running")
+	m.Running = count(p.sum("vllm:num_requests_running", nil))
+	m.Waiting = count(p.sum("vllm:num_requests_waiting", nil))
+	usage := "vllm:kv_cache_usage_perc"
+	if !p.has(usage) {
+		usage = "vllm:gpu_cache_usage_perc" // before vLLM 0.10
+	}
+	m.KVCacheUsage = fraction(p.mean(usage))
+	p.cacheInfo(m, "vllm:cache_config_info", "block_size", "num_gpu_blocks", "kv_cache_size_tokens")
+
+	m.PromptTokens = p.counter("vllm:prompt_tokens")
+	if p.has("vllm:prompt_tokens_cached_total") || p.has("vllm:prompt_tokens_cached") {
+		m.CachedTokens = p.counter("vllm:prompt_tokens_cached")
+	} else {
+		m.CachedTokens = p.counter("vllm:prefix_cache_hits") + p.counter("vllm:external_prefix_cache_hits")
+	}
+	_, m.Requests = p.histogram("vllm:time_to_first_token_seconds")
+	m.PrefillSeconds, m.PrefillCount = p.histogram("vllm:request_prefill_time_seconds")
+}
+
+func (p page) sglang(m *Metrics) {
+	m.Cores = p.cores("sglang:num_running_reqs")
+	m.Running = count(p.sum("sglang:num_running_reqs", nil))
+	m.Waiting = count(p.sum("sglang:num_queue_reqs", nil))
+	m.KVCacheUsage = fraction(p.mean("sglang:token_usage"))
+	p.cacheInfo(m, "sglang:cache_config_info", "page_size", "num_pages", "")
+	if p.has("sglang:max_total_num_tokens") {
+		m.KVCapacity = count(p.sum("sglang:max_total_num_tokens", nil))
+	}
+
+	// Tokens counted as each step runs, when the engine has them, are
+	// steadier than prompts counted whole.
+	if rt := "sglang:realtime_tokens_total"; p.has(rt) {
+		compute := p.sum(rt, map[string]string{"mode": "prefill_compute"})
+		m.CachedTokens = p.sum(rt, map[string]string{"mode": "prefill_cache"})
+		m.PromptTokens = compute + m.CachedTokens
+	} else {
+		m.PromptTokens = p.counter("sglang:prompt_tokens")
+		m.CachedTokens = p.counter("sglang:cached_tokens")
+	}
+	_, m.Requests = p.histogram("sglang:time_to_first_token_seconds")
+}
+
+// cacheInfo reads an info gauge's block size and block count labels per
+// core, and the capacity in tokens if a label carries it.
+func (p page) cacheInfo(m *Metrics, name, blockSize, numBlocks, capacity string) {
+	f := p[name]
+	if f == nil {
+		return
+	}
+	type core struct{ bs, n, tokens int }
+	cores := map[string]core{}
+	for _, s := range f.Metric {
+		c := core{bs: labelInt(s, blockSize), n: labelInt(s, numBlocks)}
+		if capacity != "" {
+			c.tokens = labelInt(s, capacity)
+		}
+		if c.tokens == 0 {
+			c.tokens = c.bs * c.n
+		}
+		cores[coreOf(s)] = c
+	}
+	for _, c := range cores {
+		if m.BlockSize == 0 {
+			m.BlockSize = c.bs
+		}
+		m.NumBlocks += c.n
+		m.KVCapacity += c.tokens
+	}
+}
+
+// coreOf names the engine core a series belongs to.
+func coreOf(s *dto.Metric) string {
+	var engine, dp string
+	for _, l := range s.Label {
+		switch l.GetName() {
+		case "engine":
+			engine = l.GetValue()
+		case "dp_rank":
+			dp = l.GetValue()
+		}
+	}
+	return engine + "/" + dp
+}
+
+// perCore returns a family's value per core, over the series whose labels
+// match, the largest where several series share a core.
+func (p page) perCore(name string, match map[string]string) map[string]float64 {
+	f := p[name]
+	if f == nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, s := range f.Metric {
+		if !matches(s, match) {
+			continue
+		}
+		v := value(s)
+		if !(v >= 0) || math.IsInf(v, 1) { // negative or NaN: ignore
+			continue
+		}
+		c := coreOf(s)
+		if old, ok := out[c]; !ok || v > old {
+			out[c] = v
+		}
+	}
+	return out
+}
+
+func (p page) cores(name string) int { return len(p.perCore(name, nil)) }
+
+func (p page) sum(name string, match map[string]string) float64 {
+	var t float64
+	for _, v := range p.perCore(name, match) {
+		t += v
+	}
+	return t
+}
+
+func (p page) mean(name string) float64 {
+	vs := p.perCore(name, nil)
+	if len(vs) == 0 {
+		return 0
+	}
+	return p.sum(name, nil) / float64(len(vs))
+}
+
+// counter sums a counter named with or without the _total suffix.
+func (p page) counter(base string) float64 {
+	if p.has(base + "_total") {
+		return p.sum(base+"_total", nil)
+	}
+	return p.sum(base, nil)
+}
+
+// histogram returns a histogram's sum and count over cores.
+func (p page) histogram(name string) (sum, count float64) {
+	f := p[name]
+	if f == nil {
+		return 0, 0
+	}
+	sums, counts := map[string]float64{}, map[string]float64{}
+	for _, s := range f.Metric {
+		h := s.GetHistogram()
+		if h == nil {
+			continue
+		}
+		c := coreOf(s)
+		if n := float64(h.GetSampleCount()); n >= counts[c] {
+			sums[c], counts[c] = h.GetSampleSum(), n
+		}
+	}
+	for c := range counts {
+		if v := sums[c]; v >= 0 && !math.IsInf(v, 1) {
+			sum += v
+			count += counts[c]
+		}
+	}
+	return sum, count
+}
+
+func value(s *dto.Metric) float64 {
+	switch {
+	case s.Gauge != nil:
+		return s.Gauge.GetValue()
+	case s.Counter != nil:
+		return s.Counter.GetValue()
+	case s.Untyped != nil:
+		return s.Untyped.GetValue()
+	}
+	return math.NaN()
+}
+
+func matches(s *dto.Metric, want map[string]string) bool {
+	n := 0
+	for _, l := range s.Label {
+		if v, ok := want[l.GetName()]; ok {
+			if v != l.GetValue() {
+				return false
+			}
+			n++
+		}
+	}
+	return n == len(want)
+}
+
+func labelInt(s *dto.Metric, name string) int {
+	for _, l := range s.Label {
+		if l.GetName() == name {
+			n, err := strconv.Atoi(l.GetValue())
+			if err != nil || n < 0 {
+				return 0 // e.g. "None" before the engine sized its cache
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// count rounds a gauge to a count that fits the snapshot's 32 bits.
+func count(v float64) int { return int(min(math.Round(v), math.MaxUint32)) }
+
+func fraction(v float64) float64 { return min(max(v, 0), 1) }
+
+// maxModelNames bounds how many models and adapters an endpoint may list,
+// as the snapshot does.
+const maxModelNames = 255
+
+// parseModels reads an OpenAI /v1/models list: base models, and LoRA
+// adapters, which vLLM lists with "parent" naming their base model. Names
+// the snapshot cannot carry (empty, over 255 bytes, past the 255th) are
+// left out.
+func parseModels(body []byte) (models, adapters []string, err error) {
+	var list struct {
+		Data []struct {
+			ID     string  `json:"id"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	d := json.NewDecoder(bytes.NewReader(body))
+	if err := d.Decode(&list); err != nil {
+		return nil, nil, fmt.Errorf("models list: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, m := range list.Data {
+		if m.ID == "" || len(m.ID) > 255 || seen[m.ID] || len(models)+len(adapters) == maxModelNames {
+			continue
+		}
+		seen[m.ID] = true
+		if m.Parent != nil && *m.Parent != "" {
+			adapters = append(adapters, m.ID)
+		} else {
+			models = append(models, m.ID)
+		}
+	}
+	if len(models) == 0 {
+		return nil, nil, errors.New("models list names no base model")
+	}
+	return models, adapters, nil
+}

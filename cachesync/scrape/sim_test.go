@@ -1,0 +1,145 @@
+package scrape
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/cachesync/calibrate"
+	"github.com/kvroute/kvroute/e2e/vllmsim"
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
+// simClock returns a clock that reads an engine's simulated time: at time
+// scale s, one wall second is 1/s simulated seconds.
+func simClock(scale float64) func() time.Time {
+	t0 := time.Now()
+	return func() time.Time { return t0.Add(time.Duration(float64(time.Since(t0)) / scale)) }
+}
+
+func startSim(t testing.TB, cfg vllmsim.Config) *vllmsim.Engine {
+	t.Helper()
+	cfg.Logger = discard
+	es, err := vllmsim.StartN(context.Background(), 1, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { es[0].Close() })
+	return es[0]
+}
+
+// load keeps n requests of prompt random tokens (so nothing is cached)
+// in flight against url until stop is closed.
+func load(t *testing.T, url string, n, prompt int, stop chan struct{}) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids := make([]int, prompt)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for i := range ids {
+					ids[i] = rand.IntN(100000)
+				}
+				body, _ := json.Marshal(map[string]any{"prompt": ids, "max_tokens": 1})
+				resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("completion: %s", resp.Status)
+					return
+				}
+			}
+		}()
+	}
+	return &wg
+}
+
+// TestCalibratesAgainstSimulator scrapes a simulated vLLM engine (the
+// default cost model: Qwen3-32B on two H100s, B = 8192) at 20× speed. Idle,
+// the published rate stays the default; under concurrent long uncached
+// prompts the estimate converges on the cost model's analytic
+// R_peak = B / T(B).
+func TestCalibratesAgainstSimulator(t *testing.T) {
+	const scale = 0.05
+	e := startSim(t, vllmsim.Config{TimeScale: scale})
+	// One scrape per simulated second, windows of ten.
+	s, _ := startScraper(t, Config{Interval: 50 * time.Millisecond, Now: simClock(scale),
+		Calibration: calibrate.Config{Window: 10 * time.Second}})
+	s.Set([]string{e.Addr()})
+
+	// Idle for 30 simulated seconds: the default stands.
+	waitFor(t, "healthy", func() bool { st, _ := s.State(e.Addr()); return st.Health == snapshot.HealthHealthy })
+	time.Sleep(1500 * time.Millisecond)
+	st, _ := s.State(e.Addr())
+	if st.Rate.Calibrated || st.Rate.TokensPerSecond != calibrate.DefaultRate {
+		t.Fatalf("idle engine: rate %+v, want the default", st.Rate)
+	}
+	cfg := e.Config()
+	if st.Kind != KindVLLM || !slices.Equal(st.Models, []string{cfg.Model}) || st.BlockSize != cfg.BlockSize ||
+		st.NumBlocks != cfg.NumGPUBlocks || st.KVCapacity != (cfg.NumGPUBlocks-1)*cfg.BlockSize {
+		t.Errorf("state %+v", st)
+	}
+
+	stop := make(chan struct{})
+	wg := load(t, e.URL(), 8, 6000, stop)
+	calibrated := func() bool { st, _ := s.State(e.Addr()); return st.Rate.Calibrated }
+	waitFor(t, "a calibrated rate", calibrated)
+	time.Sleep(time.Second) // a few more windows
+	close(stop)
+	wg.Wait()
+
+	st, _ = s.State(e.Addr())
+	peak := cfg.Cost.PeakPrefill(cfg.MaxNumBatchedTokens)
+	t.Logf("calibrated %.0f tokens/s (threshold %d), analytic R_peak %.0f: %+.1f%%",
+		st.Rate.TokensPerSecond, st.Rate.Threshold, peak, 100*(st.Rate.TokensPerSecond-peak)/peak)
+	if math.Abs(st.Rate.TokensPerSecond-peak) > 0.25*peak {
+		t.Errorf("calibrated rate %.0f tokens/s, want %.0f ± 25%%", st.Rate.TokensPerSecond, peak)
+	}
+	if want := int(math.Round(st.Rate.TokensPerSecond * 18)); st.Rate.Threshold != want {
+		t.Errorf("threshold %d, want %d", st.Rate.Threshold, want)
+	}
+}
+
+// BenchmarkParse measures one parse of the simulator's /metrics page (a
+// vLLM page with every histogram routing reads) and of a two-core page.
+func BenchmarkParse(b *testing.B) {
+	e := startSim(b, vllmsim.Config{TimeScale: 0})
+	resp, err := http.Get(e.URL() + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	sim, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, page := range []struct {
+		name string
+		text []byte
+	}{{"vllmsim", sim}, {"two-cores", []byte(vllmTwoEngines)}} {
+		b.Run(page.name, func(b *testing.B) {
+			b.SetBytes(int64(len(page.text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse(bytes.NewReader(page.text)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
