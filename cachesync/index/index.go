@@ -222,13 +222,33 @@ func (x *Index) signal() {
 	}
 }
 
+// ErrUnknownEndpoint reports a call naming an endpoint the index does not
+// have.
+var ErrUnknownEndpoint = errors.New("index: unknown endpoint")
+
 // SetEndpoint adds the endpoint, in approximate mode with the default
 // capacity, or updates what is known of it (health, models, load). An
-// update that changes nothing does not cause a build.
+// update that changes nothing does not cause a build. Discovery adds
+// endpoints with it.
 func (x *Index) SetEndpoint(info snapshot.EndpointInfo) error {
+	return x.setEndpoint(info, true)
+}
+
+// UpdateEndpoint is SetEndpoint for an endpoint the index has; otherwise
+// it returns ErrUnknownEndpoint. The metrics scraper updates endpoints
+// with it, so that a scrape finishing after discovery removed the endpoint
+// cannot bring it back.
+func (x *Index) UpdateEndpoint(info snapshot.EndpointInfo) error {
+	return x.setEndpoint(info, false)
+}
+
+func (x *Index) setEndpoint(info snapshot.EndpointInfo, add bool) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	ep := x.eps[info.Addr]
+	if ep == nil && !add {
+		return &unknownError{info.Addr}
+	}
 	if ep != nil && sameInfo(&ep.info, &info) {
 		return nil
 	}
@@ -268,10 +288,15 @@ func (x *Index) touched() {
 func (x *Index) lookup(addr string) (*endpoint, error) {
 	ep := x.eps[addr]
 	if ep == nil {
-		return nil, errors.New("index: unknown endpoint " + addr)
+		return nil, &unknownError{addr}
 	}
 	return ep, nil
 }
+
+type unknownError struct{ addr string }
+
+func (e *unknownError) Error() string   { return ErrUnknownEndpoint.Error() + " " + e.addr }
+func (e *unknownError) Is(t error) bool { return t == ErrUnknownEndpoint }
 
 // RemoveEndpoint drops the endpoint and every entry of it, as when
 // discovery loses it. Its Sinks go stale. It reports whether the endpoint

@@ -2,6 +2,7 @@ package index
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"maps"
@@ -277,6 +278,34 @@ func TestRemoveEndpoint(t *testing.T) {
 	}
 	if st := x.Stats(); st.Endpoints != 2 || st.Precise != 2 || st.Generation != im.Generation() {
 		t.Fatalf("Stats %+v", st)
+	}
+}
+
+// TestUpdateAfterRemoval checks that a late scrape of a removed endpoint
+// does not bring it back.
+func TestUpdateAfterRemoval(t *testing.T) {
+	x := newIndex(t, Config{})
+	if err := x.UpdateEndpoint(info(0)); !errors.Is(err, ErrUnknownEndpoint) {
+		t.Fatalf("UpdateEndpoint of an unknown endpoint = %v", err)
+	}
+	_ = x.SetEndpoint(info(0))
+	in := info(0)
+	in.Running = 7
+	if err := x.UpdateEndpoint(in); err != nil {
+		t.Fatal(err)
+	}
+	if e := viewOf(t, x.Publish()).Manifest().Endpoint(0); e.Running() != 7 {
+		t.Fatalf("running %d after the update", e.Running())
+	}
+	x.RemoveEndpoint(addr(0))
+	if err := x.UpdateEndpoint(in); !errors.Is(err, ErrUnknownEndpoint) {
+		t.Fatalf("UpdateEndpoint after removal = %v", err)
+	}
+	if st := x.Stats(); x.Publish() == nil || x.Stats().Endpoints != 0 {
+		t.Fatalf("endpoint back after removal: %+v", st)
+	}
+	if _, err := x.Sink(addr(0)); !errors.Is(err, ErrUnknownEndpoint) {
+		t.Fatalf("Sink of a removed endpoint = %v", err)
 	}
 }
 

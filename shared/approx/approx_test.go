@@ -455,3 +455,71 @@ func TestTouchAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per Touch at capacity", got)
 	}
 }
+
+// FuzzTouch drives the index with arbitrary prompts, resizes and forgets
+// over a small hash space, and checks it against the reference LRU.
+func FuzzTouch(f *testing.F) {
+	f.Add(uint64(0), []byte{0, 3, 1, 2, 3, 1, 2, 4, 5, 0, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add(uint64(7), []byte{255, 0, 40, 1, 1, 1, 1, 0x80, 3, 2, 2, 2})
+	f.Fuzz(func(t *testing.T, seed uint64, data []byte) {
+		x, r := New(), &recorder{}
+		x.seed = seed
+		refs := []lru{{cap: 3}, {cap: 17}}
+		for slot := range refs {
+			if _, err := x.SetCapacity(slot, refs[slot].cap, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for len(data) >= 2 {
+			op, n := data[0], int(data[1])%48
+			data = data[2:]
+			slot := int(op & 1)
+			ref := &refs[slot]
+			switch {
+			case op&0x80 != 0: // resize
+				c := 1 + n
+				var want []event
+				for len(ref.order) > c {
+					want = append(want, event{false, slot, ref.order[len(ref.order)-1]})
+					ref.order = ref.order[:len(ref.order)-1]
+				}
+				ref.cap = c
+				if _, err := x.SetCapacity(slot, c, r); err != nil {
+					t.Fatal(err)
+				}
+				if got := r.take(); !slices.Equal(got, want) {
+					t.Fatalf("resize: events %v, want %v", got, want)
+				}
+			case op&0x40 != 0: // the endpoint restarts
+				x.Forget(slot)
+				ref.order = nil
+				if _, err := x.SetCapacity(slot, ref.cap, r); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				p := make([]uint64, 0, n)
+				for _, b := range data[:min(n, len(data))] {
+					p = append(p, uint64(b%64)) // a small space: shared blocks and collisions
+				}
+				data = data[len(p):]
+				if _, err := x.Touch(slot, p, r); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := r.take(), ref.touch(slot, p); !slices.Equal(got, want) {
+					t.Fatalf("touch %v: events %v, want %v", p, got, want)
+				}
+			}
+			if got := heldOrder(x, slot); !slices.Equal(got, ref.order) {
+				t.Fatalf("order %v, want %v", got, ref.order)
+			}
+			for _, h := range ref.order {
+				if !x.Contains(slot, h) {
+					t.Fatalf("%d lost from the table", h)
+				}
+			}
+		}
+		if x.Entries() != len(refs[0].order)+len(refs[1].order) {
+			t.Fatalf("Entries %d", x.Entries())
+		}
+	})
+}
