@@ -117,11 +117,11 @@ func (s Skip) String() string {
 // Stats are an Engine's counters and sizes, for export as Prometheus
 // metrics.
 type Stats struct {
-	Stored  uint64          // engine blocks indexed (per tier they entered)
-	Removed uint64          // engine blocks removed (per tier they left)
+	Stored  uint64           // engine blocks indexed (per tier they entered)
+	Removed uint64           // engine blocks removed (per tier they left)
 	Skipped [numSkips]uint64 // engine blocks not indexed, by reason
-	Evicted uint64          // engine blocks dropped for the capacity cap
-	Clears  uint64          // whole-engine clears: AllBlocksCleared, resets
+	Evicted uint64           // engine blocks dropped for the capacity cap
+	Clears  uint64           // whole-engine clears: AllBlocksCleared, resets
 	// Gauges.
 	Blocks     int // engine blocks tracked, including those no tier holds
 	TextBlocks int // distinct text blocks the engine holds
