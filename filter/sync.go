@@ -45,6 +45,25 @@ type syncer struct {
 	lockBuf  [16]byte
 
 	local *localIndex
+	// failing is set from a failed fetch until the next good one, so an
+	// unreachable cachesync logs once, not every tick.
+	failing bool
+}
+
+// fetchFailed counts a failed fetch and logs the first of a run.
+func (s *syncer) fetchFailed(msg string) {
+	s.m.syncErrors.Increment(1)
+	if !s.failing {
+		s.failing = true
+		proxywasm.LogWarn("kvroute: " + msg + "; routing on the last snapshot held, or by rendezvous")
+	}
+}
+
+func (s *syncer) fetchSucceeded() {
+	if s.failing {
+		s.failing = false
+		proxywasm.LogInfo("kvroute: snapshots from cachesync are flowing again")
+	}
 }
 
 func newSyncer(cfg *config, vm uint64, m *stats) (*syncer, error) {
@@ -149,8 +168,7 @@ func (s *syncer) fetch() {
 	}
 	_, err := proxywasm.DispatchHttpCall(c.cluster, headers, nil, nil, uint32(c.timeout.Milliseconds()), s.onSnapshot)
 	if err != nil {
-		s.m.syncErrors.Increment(1)
-		proxywasm.LogWarn("kvroute: fetch snapshot from cluster " + c.cluster + ": " + err.Error())
+		s.fetchFailed("fetch snapshot from cluster " + c.cluster + ": " + err.Error())
 		return
 	}
 	s.fetching = true
@@ -159,18 +177,17 @@ func (s *syncer) fetch() {
 func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 	s.fetching = false
 	if numHeaders == 0 {
-		s.m.syncErrors.Increment(1)
-		proxywasm.LogWarn("kvroute: fetch snapshot: no response from cachesync")
+		s.fetchFailed("fetch snapshot: no response from cachesync")
 		return
 	}
 	status, _ := callStatus()
 	switch status {
 	case "304":
+		s.fetchSucceeded()
 		return
 	case "200":
 	default:
-		s.m.syncErrors.Increment(1)
-		proxywasm.LogWarn("kvroute: fetch snapshot: cachesync answered " + status)
+		s.fetchFailed("fetch snapshot: cachesync answered " + status)
 		return
 	}
 	if cap(s.fetchBuf) < bodySize {
@@ -178,15 +195,14 @@ func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 	}
 	body, err := proxywasm.ReadHttpCallResponseBody(s.fetchBuf[:bodySize], 0)
 	if err != nil {
-		s.m.syncErrors.Increment(1)
-		proxywasm.LogWarn("kvroute: read snapshot: " + err.Error())
+		s.fetchFailed("read snapshot: " + err.Error())
 		return
 	}
 	if err := s.store(body); err != nil {
-		s.m.syncErrors.Increment(1)
-		proxywasm.LogWarn("kvroute: snapshot from cachesync rejected: " + err.Error())
+		s.fetchFailed("snapshot from cachesync rejected: " + err.Error())
 		return
 	}
+	s.fetchSucceeded()
 	s.m.fetched.Increment(uint64(len(body)))
 	s.refresh(time.Now())
 }
