@@ -260,7 +260,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
-	if since >= im.Generation() {
+	if since > im.Generation() {
 		since = 0 // a generation from the future: a restarted cachesync
 	}
 	body := s.cache.get(im, since)

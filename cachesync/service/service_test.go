@@ -269,9 +269,17 @@ func TestDeltas(t *testing.T) {
 		t.Fatal("no fetch was served as a delta")
 	}
 
+	// A fetcher that holds the current generation but did not say so
+	// with If-None-Match gets the manifest alone.
+	gen := incr.held.Generation()
+	resp, body := f.do(t, "GET", "/v1/snapshot?since="+strconv.FormatUint(gen, 10), nil)
+	if bd, err := snapshot.ParseBundle(body); resp.StatusCode != http.StatusOK || err != nil || len(bd.Parts()) != 1 || bd.Complete(incr.held) != nil {
+		t.Fatalf("since the current generation: %s, %v", resp.Status, err)
+	}
+
 	// A fetcher holding a generation from another cachesync (in the
 	// future) gets everything.
-	resp, body := f.do(t, "GET", "/v1/snapshot?since=18446744073709551615", nil)
+	resp, body = f.do(t, "GET", "/v1/snapshot?since=18446744073709551615", nil)
 	if bd, err := snapshot.ParseBundle(body); resp.StatusCode != http.StatusOK || err != nil || bd.Since() != 0 {
 		t.Fatalf("future since: %s, %v", resp.Status, err)
 	}
