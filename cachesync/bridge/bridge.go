@@ -635,8 +635,10 @@ func (e *Engine) unlink(slot uint32) {
 
 // compact copies the arena's live records into a fresh one.
 func (e *Engine) compact() {
+	// Room for as much again: the arena is compacted when half of it is
+	// waste, so it never grows between compactions.
 	live := len(e.arena) - e.wasted
-	arena := make([]byte, 0, live+live/4)
+	arena := make([]byte, 0, 2*live)
 	for i := firstSlot; i < len(e.slab); i++ {
 		en := &e.slab[i]
 		if en.flags&flagUsed == 0 {
