@@ -125,6 +125,9 @@ func (d *DNS) lookup(ctx context.Context) ([]Engine, error) {
 	var es []Engine
 	var errs []error
 	for _, srv := range srvs {
+		if srv.Port == 0 {
+			continue // RFC 2782's way of saying no service here
+		}
 		ips, err := d.ips(ctx, srv.Target)
 		if err != nil {
 			errs = append(errs, err)

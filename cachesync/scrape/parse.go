@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -73,11 +73,14 @@ func (m *Metrics) Observation(t time.Time) calibrate.Observation {
 // Parse reads a Prometheus text-format page from a vLLM or SGLang engine.
 // It fails on a page that does not parse or carries neither engine's load
 // metrics.
-func Parse(r io.Reader) (Metrics, error) {
+func Parse(text []byte) (Metrics, error) { return parse(filter(text)) }
+
+// parse is Parse without the filter.
+func parse(text []byte) (Metrics, error) {
 	// Metric names with ':' are valid in either scheme; UTF-8 also admits
 	// the quoted names of newer exporters.
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
 	if err != nil {
 		return Metrics{}, fmt.Errorf("metrics do not parse: %w", err)
 	}
@@ -94,6 +97,69 @@ func Parse(r io.Reader) (Metrics, error) {
 		return Metrics{}, errors.New("no vLLM or SGLang load metrics on the page")
 	}
 	return m, nil
+}
+
+// families are the metric families Parse reads, counters under both
+// their names.
+var families = map[string]bool{}
+
+func init() {
+	for _, name := range []string{
+		"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+		"vllm:cache_config_info", "vllm:time_to_first_token_seconds", "vllm:request_prefill_time_seconds",
+		"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
+		"sglang:cache_config_info", "sglang:time_to_first_token_seconds",
+	} {
+		families[name] = true
+	}
+	for _, name := range []string{
+		"vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_hits",
+		"sglang:realtime_tokens", "sglang:prompt_tokens", "sglang:cached_tokens",
+	} {
+		families[name], families[name+"_total"] = true, true
+	}
+}
+
+// filter returns the lines of page that Parse reads: the samples (but not
+// the histogram buckets) and comments of families. Parsing is most of a
+// scrape's cost, and an engine's page is mostly histogram buckets and
+// families routing does not need.
+func filter(page []byte) []byte {
+	out := make([]byte, 0, 4096)
+	for len(page) > 0 {
+		line := page
+		if i := bytes.IndexByte(page, '\n'); i >= 0 {
+			line, page = page[:i+1], page[i+1:]
+		} else {
+			page = nil
+		}
+		if keep(line) {
+			out = append(out, line...)
+		}
+	}
+	return out
+}
+
+func keep(line []byte) bool {
+	if rest, ok := bytes.CutPrefix(line, []byte("# ")); ok {
+		_, rest, _ = bytes.Cut(rest, []byte(" ")) // HELP or TYPE
+		name, _, _ := bytes.Cut(rest, []byte(" "))
+		return families[string(name)]
+	}
+	end := bytes.IndexAny(line, "{ \t")
+	if end <= 0 {
+		return len(bytes.TrimSpace(line)) > 0 // a quoted name or a bare name: let the parser judge
+	}
+	name := string(line[:end])
+	if families[name] {
+		return true
+	}
+	for _, suffix := range []string{"_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok && families[base] {
+			return true
+		}
+	}
+	return false
 }
 
 type page map[string]*dto.MetricFamily

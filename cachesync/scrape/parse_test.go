@@ -143,7 +143,7 @@ vllm:num_requests_running{engine="1"} 1e300
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := Parse(strings.NewReader(tt.page))
+			got, err := Parse([]byte(tt.page))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,6 +154,47 @@ vllm:num_requests_running{engine="1"} 1e300
 	}
 }
 
+// TestFilterKeepsWhatParseReads parses pages with and without the filter
+// that drops the lines Parse does not read.
+func TestFilterKeepsWhatParseReads(t *testing.T) {
+	for _, page := range []string{vllmTwoEngines, sglangTP2} {
+		checkFilter(t, []byte(page))
+	}
+}
+
+func checkFilter(t *testing.T, page []byte) {
+	t.Helper()
+	got, err := Parse(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := parse(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Errorf("filtered  %+v\nunfiltered %+v", got, want)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{vllmTwoEngines, sglangTP2, "vllm:num_requests_running 1\n", "# TYPE vllm:num_requests_running gauge\n{\"vllm:num_requests_running\"} 2\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, page []byte) {
+		got, err := Parse(page)
+		if err != nil {
+			return
+		}
+		if got.Running < 0 || got.Waiting < 0 || !(got.KVCacheUsage >= 0 && got.KVCacheUsage <= 1) || got.Kind == KindUnknown {
+			t.Fatalf("Parse(%q) = %+v", page, got)
+		}
+		if want, err := parse(page); err == nil && got != want {
+			t.Fatalf("Parse(%q): filtered %+v, unfiltered %+v", page, got, want)
+		}
+	})
+}
+
 func TestParseErrors(t *testing.T) {
 	for _, page := range []string{
 		"",
@@ -162,7 +203,7 @@ func TestParseErrors(t *testing.T) {
 		"<html>502 Bad Gateway</html>",
 		"\x00\xff\xfe",
 	} {
-		if m, err := Parse(strings.NewReader(page)); err == nil {
+		if m, err := Parse([]byte(page)); err == nil {
 			t.Errorf("Parse(%q) = %+v, want an error", page, m)
 		}
 	}

@@ -11,7 +11,6 @@
 package scrape
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -272,8 +271,9 @@ type poller struct {
 	log    *slog.Logger
 
 	// Owned by the poller's goroutine.
-	est      *calibrate.Estimator
-	modelsAt time.Time
+	est           *calibrate.Estimator
+	modelsAt      time.Time
+	modelsFailing bool
 
 	state State // guarded by s.mu
 }
@@ -334,9 +334,15 @@ func (p *poller) scrape(ctx context.Context) {
 	}
 	switch {
 	case modelsErr != nil:
-		p.log.Warn("reading /v1/models failed; keeping the models last read", "err", modelsErr)
+		if !p.modelsFailing {
+			p.log.Warn("reading /v1/models failed; keeping the models last read", "models", st.Models, "err", modelsErr)
+		}
+		p.modelsFailing = true
 	case models != nil:
-		st.Models, st.Adapters, p.modelsAt = models, adapters, at
+		if p.modelsFailing {
+			p.log.Info("read /v1/models again", "models", models)
+		}
+		st.Models, st.Adapters, p.modelsAt, p.modelsFailing = models, adapters, at, false
 	}
 	p.est.Observe(m.Observation(at))
 	st.Health = snapshot.HealthHealthy
@@ -412,7 +418,7 @@ func (p *poller) fetchMetrics(ctx context.Context) (Metrics, error) {
 	if err != nil {
 		return Metrics{}, err
 	}
-	m, err := Parse(bytes.NewReader(body))
+	m, err := Parse(body)
 	if err != nil {
 		return Metrics{}, fmt.Errorf("GET /metrics: %w", err)
 	}

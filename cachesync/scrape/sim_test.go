@@ -107,6 +107,11 @@ func TestCalibratesAgainstSimulator(t *testing.T) {
 	wg.Wait()
 
 	st, _ = s.State(e.Addr())
+	page := metricsPage(t, e)
+	checkFilter(t, page)
+	if n := len(filter(page)); n > len(page)/4 {
+		t.Errorf("the filter keeps %d of the page's %d bytes", n, len(page))
+	}
 	peak := cfg.Cost.PeakPrefill(cfg.MaxNumBatchedTokens)
 	t.Logf("calibrated %.0f tokens/s (threshold %d), analytic R_peak %.0f: %+.1f%%",
 		st.Rate.TokensPerSecond, st.Rate.Threshold, peak, 100*(st.Rate.TokensPerSecond-peak)/peak)
@@ -116,30 +121,47 @@ func TestCalibratesAgainstSimulator(t *testing.T) {
 	if want := int(math.Round(st.Rate.TokensPerSecond * 18)); st.Rate.Threshold != want {
 		t.Errorf("threshold %d, want %d", st.Rate.Threshold, want)
 	}
+	stats := s.Stats()
+	t.Logf("%d scrapes of a %d-byte page, %.2f ms each on average (HTTP and parsing, under load)",
+		stats.Scrapes, len(page), 1000*stats.ScrapeSeconds/float64(stats.Scrapes))
 }
 
 // BenchmarkParse measures one parse of the simulator's /metrics page (a
 // vLLM page with every histogram routing reads) and of a two-core page.
 func BenchmarkParse(b *testing.B) {
-	e := startSim(b, vllmsim.Config{TimeScale: 0})
-	resp, err := http.Get(e.URL() + "/metrics")
-	if err != nil {
-		b.Fatal(err)
-	}
-	sim, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	sim := metricsPage(b, startSim(b, vllmsim.Config{TimeScale: 0}))
 	for _, page := range []struct {
 		name string
 		text []byte
 	}{{"vllmsim", sim}, {"two-cores", []byte(vllmTwoEngines)}} {
-		b.Run(page.name, func(b *testing.B) {
-			b.SetBytes(int64(len(page.text)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := Parse(bytes.NewReader(page.text)); err != nil {
-					b.Fatal(err)
+		for _, p := range []struct {
+			name  string
+			parse func([]byte) (Metrics, error)
+		}{{"filtered", Parse}, {"unfiltered", parse}} {
+			b.Run(page.name+"/"+p.name, func(b *testing.B) {
+				b.SetBytes(int64(len(page.text)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := p.parse(page.text); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
+}
+
+// metricsPage fetches an engine's /metrics page.
+func metricsPage(t testing.TB, e *vllmsim.Engine) []byte {
+	t.Helper()
+	resp, err := http.Get(e.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
