@@ -20,8 +20,12 @@ const (
 	reportQueue    = "kvroute/reports"
 )
 
-// maxReportsPerTick bounds one tick's report batch.
-const maxReportsPerTick = 4096
+// One tick's report batch stays under both bounds; what does not fit waits
+// in the queue for the next tick. cachesync refuses batches over 16 MiB.
+const (
+	maxReportsPerTick = 4096
+	maxReportBytes    = 4 << 20
+)
 
 // syncer is one VM's side of the live loop. Every VM refreshes its view of
 // the snapshot in shared data on its tick. One VM per Envoy, the holder of
@@ -275,6 +279,9 @@ func (s *syncer) forwardReports() {
 // drainReports moves queued report records into s.reports.
 func (s *syncer) drainReports() {
 	for range maxReportsPerTick {
+		if s.reports.Size() >= maxReportBytes {
+			return
+		}
 		rec, err := proxywasm.DequeueSharedQueue(s.queue)
 		if err != nil {
 			return
