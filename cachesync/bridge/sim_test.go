@@ -289,12 +289,16 @@ var conversation = []map[string]string{
 // body, as many as the engine's cached token blocks cover.
 //
 // With max_tokens 1 the engine caches the prompt's full token blocks,
-// floor(n/16) of n tokens (the partial last block is not cached; nor is
-// the sampled token, which never enters the KV cache). Their text is the
+// floor(n/16) of n tokens: the partial last block is never cached, and the
+// sampled token is never fed back, so no KV of it exists. (That vLLM
+// leaves at least one prompt token to compute concerns hits: a later
+// prompt of exactly 16k tokens recomputes its last block, which is then
+// already cached and not stored again.) The cached blocks' text is the
 // first L bytes of the prompt, L = len(decode(tokens[:16*floor(n/16)])),
 // and a text block is known once the engine holds its last byte: the
 // bridge must hold exactly the filter's first floor(L/64) hashes. The text
-// block straddling the end of the last cached token block is not held.
+// block straddling the end of the last cached token block is not held,
+// though the engine holds most of it.
 func TestFilterHashes(t *testing.T) {
 	_, tik := loadSimVocab(t)
 	models := []struct {
