@@ -77,9 +77,11 @@ type Config struct {
 	// replay (default 30 s).
 	ReplayTimeout, ReplayLimit time.Duration
 	// IdleCheck is how long the stream may stay silent before the
-	// subscriber asks the replay socket whether the engine is still the
-	// one it followed (a restarted idle engine sends nothing); default
-	// 30 s, negative disables it.
+	// subscriber asks the replay socket for what it may have missed and
+	// whether the engine is still the one it followed (a restarted idle
+	// engine sends nothing); default 30 s, negative disables it. The
+	// first check comes at most a second after connecting, for batches
+	// sent before the subscription took.
 	IdleCheck time.Duration
 	// RetryMax caps the wait between connection attempts (default 5 s).
 	RetryMax time.Duration
@@ -314,7 +316,9 @@ func (s *Subscriber) serve(ctx context.Context, sock zmq4.Socket) error {
 
 	s.haveWire = false
 	s.catchUp(ctx, true)
-	idle := time.NewTimer(s.idleCheck())
+	// Batches the engine sends before the subscription reaches it are
+	// lost, and only the next batch would show it: check once soon.
+	idle := time.NewTimer(min(s.idleCheck(), time.Second))
 	defer idle.Stop()
 	for {
 		select {
@@ -332,7 +336,7 @@ func (s *Subscriber) serve(ctx context.Context, sock zmq4.Socket) error {
 				s.live(ctx, r.msg)
 			}
 		case <-idle.C:
-			if s.have && s.cfg.ReplayEndpoint != "" {
+			if s.cfg.ReplayEndpoint != "" {
 				s.catchUp(ctx, false)
 			}
 		}

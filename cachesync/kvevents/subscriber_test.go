@@ -328,6 +328,24 @@ func TestIdleCheck(t *testing.T) {
 	}
 }
 
+// TestLostTail: batches lost with nothing sent after them (no gap to see)
+// are fetched by the idle check.
+func TestLostTail(t *testing.T) {
+	f := startFake(t, fakeOpts{})
+	r := &recorder{}
+	s := run(t, Config{Endpoint: f.pubEP, ReplayEndpoint: f.replayEP, IdleCheck: 200 * time.Millisecond}, r)
+	warmUp(t, f, s)
+	f.mu.Lock()
+	f.drop = func(uint64) bool { return true }
+	f.mu.Unlock()
+	f.publish()
+	last := f.publish()
+	waitFor(t, "the lost batches", lastSeq(r, last, 1))
+	if bs, resets := r.snapshot(); !slices.Equal(bs, seqs(0, last, 1)) || len(resets) != 0 {
+		t.Fatalf("applied %v, resets %v", bs, resets)
+	}
+}
+
 func TestConfig(t *testing.T) {
 	for _, cfg := range []Config{{}, {Endpoint: "127.0.0.1:5557"}, {Endpoint: "tcp://a:1", ReplayEndpoint: "a:2"}} {
 		if _, err := New(cfg, &recorder{}); err == nil {
