@@ -135,7 +135,10 @@ const (
 	flagFull  = 0x20 // the text reached the filter's cap: nothing after it is hashed
 )
 
-// entry is one engine block: 40 bytes.
+// entrySize is the size of an entry, for the memory account.
+const entrySize = 40
+
+// entry is one engine block.
 type entry struct {
 	hash       uint64 // the engine's hash of the block
 	chain      uint64 // text chain hash at the last text-block boundary up to the block's end
@@ -245,6 +248,8 @@ func (e *Engine) reset() {
 	e.publish()
 }
 
+var _ kvevents.Handler = (*Engine)(nil)
+
 // Batch applies one batch of the engine's events.
 func (e *Engine) Batch(b *kvevents.Batch) {
 	for i := range b.Events {
@@ -292,7 +297,7 @@ func (e *Engine) Stats() Stats {
 func (e *Engine) publish() {
 	e.blocks.Store(int64(e.used))
 	e.texts.Store(int64(e.refs.len()))
-	e.bytes.Store(int64(cap(e.slab)*40 + e.index.bytes() + e.refs.bytes() + cap(e.arena) + cap(e.text) + cap(e.tail) + 8*cap(e.hashes)))
+	e.bytes.Store(int64(cap(e.slab)*entrySize + e.index.bytes() + e.refs.bytes() + cap(e.arena) + cap(e.text) + cap(e.tail) + 8*cap(e.hashes)))
 }
 
 func (e *Engine) skip(why Skip, n int) {

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/kvroute/kvroute/cachesync/kvevents"
 	"github.com/kvroute/kvroute/shared/blockhash"
@@ -318,3 +319,9 @@ func TestTable(t *testing.T) {
 }
 
 func hasKey(m map[uint64]uint32, k uint64) bool { _, ok := m[k]; return ok }
+
+func TestEntrySize(t *testing.T) {
+	if n := unsafe.Sizeof(entry{}); n != entrySize {
+		t.Fatalf("an entry takes %d bytes; the memory account says %d", n, entrySize)
+	}
+}
