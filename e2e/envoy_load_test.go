@@ -12,29 +12,32 @@ import (
 	"time"
 )
 
-// The load test proves the module survives in real Envoy what kills Go
-// modules on older hosts: gjson links package os, so the Go runtime's
-// netpoller is live and its scheduler and GC sleep through poll_oneoff, which
-// Envoy releases before the proxy-wasm-cpp-host fix (94091cd) answer with
-// ENOSYS, aborting the VM. Tens of thousands of large bodies go through two
-// workers' VMs; every request must be answered by an engine, each prompt
-// must keep its engine throughout, the Go GC must have run many times, and
-// Envoy must log no VM failure.
+// The load test proves the module survives sustained load in real Envoy
+// with the Go GC running. gjson links package os, so the Go runtime's
+// netpoller is live; Envoy releases whose proxy-wasm-cpp-host predates
+// 94091cd (1.37 and older) answer poll_oneoff with ENOSYS, and a runtime that
+// sleeps there aborts the VM (TestEnvoyHost shows it), so kvroute's request
+// path must never make the runtime sleep, GC included. Tens of thousands of
+// large bodies go through two workers' VMs; every request must be answered
+// by the engine the filter chose, the GC must have run many times, and
+// Envoy must log no VM failure. (Prompts may change engines under this
+// load: the policy is sticky until saturated.) Run it on another Envoy
+// with ENVOY_PATH.
 //
-// The filter reuses its body buffer, so bodies alone hardly allocate (two GC
-// cycles in 30,000 requests when measured). Every request therefore also
-// carries a long query string, which the filter copies onto the Go heap when
-// it reads :path.
+// The filter reuses its body buffer, so bodies alone make little garbage.
+// Every request therefore also carries a long query string, which the
+// filter copies onto the Go heap when it reads :path.
 const (
-	loadRequests    = 30000
+	loadRequests    = 20000
 	loadClients     = 24 // concurrent client connections
 	loadPrompts     = 64 // distinct prompts, each with its own size
 	loadMinBodySize = 64 << 10
 	loadMaxBodySize = 256 << 10
-	loadQuerySize   = 16 << 10
-	// loadMinGCCycles is well under what loadRequests*loadQuerySize of
-	// garbage causes with the runtime's 4 MiB minimum heap goal.
-	loadMinGCCycles = 50
+	loadQuerySize   = 32 << 10
+	// loadMinGCCycles is well under the cycles that loadRequests*loadQuerySize
+	// (640 MiB) of garbage causes: 85 measured, with the live heap the
+	// filter's local index keeps.
+	loadMinGCCycles = 40
 )
 
 // loadBodies returns chat bodies from loadMinBodySize to loadMaxBodySize
@@ -75,8 +78,11 @@ func sustainLoad(t *testing.T, g *gateway, ups []*upstream) {
 		mu              sync.Mutex
 		failures        []string
 		failed          int
-		home            = make([]string, len(bodies)) // the engine each prompt landed on first
+		landed          = make([]map[string]int, len(bodies)) // per prompt, requests per engine
 	)
+	for i := range landed {
+		landed[i] = map[string]int{}
+	}
 	fail := func(msg string) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -108,12 +114,7 @@ func sustainLoad(t *testing.T, g *gateway, ups []*upstream) {
 					continue
 				}
 				mu.Lock()
-				if home[i] == "" {
-					home[i] = r.Server
-				} else if home[i] != r.Server {
-					failed++
-					failures = append(failures, "prompt "+strconv.Itoa(i)+" moved from "+home[i]+" to "+r.Server)
-				}
+				landed[i][r.Server]++
 				mu.Unlock()
 			}
 		})
@@ -159,8 +160,20 @@ func sustainLoad(t *testing.T, g *gateway, ups []*upstream) {
 	if gcCycles < loadMinGCCycles {
 		t.Errorf("the VMs ran %d GC cycles under load, want at least %d: the load no longer exercises the GC", gcCycles, loadMinGCCycles)
 	}
-	t.Logf("%d requests, %.0f MiB of bodies (%d-%d KiB) from %d clients in %v (%.0f req/s); %d GC cycles; live heap of all VMs %.1f MiB",
+	atHome := 0 // requests on their prompt's busiest engine
+	for _, byEngine := range landed {
+		atHome += maxCount(byEngine)
+	}
+	t.Logf("%d requests, %.0f MiB of bodies (%d-%d KiB) from %d clients in %v (%.0f req/s); %d GC cycles; live heap of all VMs %.1f MiB; %.0f%% of requests on their prompt's main engine",
 		loadRequests, float64(bytesSent.Load())/(1<<20), loadMinBodySize>>10, loadMaxBodySize>>10, loadClients,
 		elapsed.Round(time.Millisecond), float64(loadRequests)/elapsed.Seconds(), gcCycles,
-		float64(stats["wasmcustom.kvroute.vm.heap_bytes"])/(1<<20))
+		float64(stats["wasmcustom.kvroute.vm.heap_bytes"])/(1<<20), 100*float64(atHome)/loadRequests)
+}
+
+func maxCount(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n = max(n, v)
+	}
+	return n
 }

@@ -95,6 +95,7 @@ func TestPatchedGatewayInEnvoy(t *testing.T) {
 		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("status %d, reply: %v", resp.StatusCode, err)
 		}
+		r.Decision = resp.Header.Get("x-kvroute-decision")
 		return r
 	}
 
@@ -113,9 +114,12 @@ func TestPatchedGatewayInEnvoy(t *testing.T) {
 	// gets an answer (the route's request_body_buffer_limit).
 	body := chat(strings.Repeat("steer ", 200))
 	home := post(body, nil).Server
+	// Let the filter's local index (rebuilt every 100 ms) learn the prompt.
+	time.Sleep(time.Second)
 	for _, e := range engines {
 		if r := post(body, http.Header{"X-Gateway-Destination-Endpoint": {e.addr}}); r.Server != home {
-			t.Errorf("a client header naming %s moved the prompt from %s to %s", e.addr, home, r.Server)
+			t.Errorf("a client header naming %s moved the prompt from %s to %s (destination %q, decision %q)",
+				e.addr, home, r.Server, r.Destination, r.Decision)
 		}
 	}
 	big := chat(strings.Repeat("x", 12<<20))
@@ -134,6 +138,7 @@ type engineReply struct {
 	Server      string `json:"server"`
 	Destination string `json:"destination"`
 	BodyBytes   int64  `json:"body_bytes"`
+	Decision    string `json:"-"`
 }
 
 func startEngines(t testing.TB, n int) []engine {
@@ -268,7 +273,8 @@ func istioCluster(t testing.TB, name string, engines []engine) *clusterv3.Cluste
 
 // fetched is the extension after istio-agent fetched its module: the code
 // is a local file. The plugin's endpoint list names the test engines, as
-// the engines' pod addresses would be in a cluster.
+// the engines' pod addresses would be in a cluster, and the decision header
+// is on so that a failure can say why the filter chose what it chose.
 func fetched(t testing.TB, ext *corev3.TypedExtensionConfig, module string, engines []engine) *corev3.TypedExtensionConfig {
 	t.Helper()
 	ext = proto.Clone(ext).(*corev3.TypedExtensionConfig)
@@ -299,6 +305,7 @@ func fetched(t testing.TB, ext *corev3.TypedExtensionConfig, module string, engi
 		addrs = append(addrs, e.addr)
 	}
 	plugin["endpoints"] = addrs
+	plugin["debug_header"] = true
 	b, err := json.Marshal(plugin)
 	if err != nil {
 		t.Fatal(err)
