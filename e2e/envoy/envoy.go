@@ -85,26 +85,23 @@ type Options struct {
 	// Concurrency is the number of worker threads (and so of Wasm VMs per
 	// plugin); 2 if zero.
 	Concurrency int
-	// LogLevels is passed to --component-log-level; "wasm:info" if empty.
-	LogLevels string
-	// StartTimeout bounds the wait for readiness; 60 s if zero (V8
-	// compiles the module on a machine that may be busy).
-	StartTimeout time.Duration
 }
+
+// startTimeout bounds the wait for readiness: V8 compiles the module at
+// startup, which takes seconds on a busy machine.
+const startTimeout = 90 * time.Second
 
 func (o *Options) args(configPath string) []string {
 	concurrency := o.Concurrency
 	if concurrency == 0 {
 		concurrency = 2
 	}
-	levels := o.LogLevels
-	if levels == "" {
-		levels = "wasm:info"
-	}
 	return []string{
 		"-c", configPath,
 		"--concurrency", strconv.Itoa(concurrency),
-		"--component-log-level", levels,
+		// The filter's own log lines and the VM failures WasmFailures
+		// looks for are at info and above.
+		"--component-log-level", "wasm:info",
 		// No hot restart: no shared-memory segment or base id to collide
 		// with other Envoys on the machine, and nothing left in /dev/shm if
 		// a run is killed.
@@ -156,11 +153,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 			admin.WithStartupHook(hook))
 	}()
 
-	timeout := o.StartTimeout
-	if timeout == 0 {
-		timeout = 60 * time.Second
-	}
-	timer := time.NewTimer(timeout)
+	timer := time.NewTimer(startTimeout)
 	defer timer.Stop()
 	select {
 	case p.admin = <-ready:
@@ -168,39 +161,12 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	case <-p.done:
 		return nil, fmt.Errorf("envoy exited before it was ready (%v); log:\n%s", p.err, log.String())
 	case <-timer.C:
+		p.kill()
+		return nil, fmt.Errorf("envoy not ready after %v; log:\n%s", startTimeout, log.String())
 	case <-ctx.Done():
+		p.kill()
+		return nil, fmt.Errorf("envoy: waiting for readiness: %w", ctx.Err())
 	}
-	p.kill()
-	return nil, fmt.Errorf("envoy not ready after %v; log:\n%s", timeout, log.String())
-}
-
-// Validate runs Envoy's --mode validate on o.Config: it parses the bootstrap
-// and builds every listener, cluster and filter (loading the Wasm module)
-// without serving. The error carries Envoy's explanation.
-func Validate(ctx context.Context, o Options) error {
-	if o.Dir == "" {
-		return errors.New("envoy: Options.Dir is required")
-	}
-	if o.Binary == "" {
-		p, err := Path(ctx)
-		if err != nil {
-			return err
-		}
-		o.Binary = p
-	}
-	configPath := filepath.Join(o.Dir, "envoy.yaml")
-	if err := os.WriteFile(configPath, o.Config, 0o600); err != nil {
-		return fmt.Errorf("envoy: write config: %w", err)
-	}
-	log := &logBuffer{}
-	err := funce.Run(ctx, append(o.args(configPath), "--mode", "validate"),
-		api.EnvoyPath(o.Binary),
-		api.HomeDir(filepath.Join(o.Dir, "func-e")),
-		api.Out(log), api.EnvoyOut(log), api.EnvoyErr(log))
-	if err != nil {
-		return fmt.Errorf("envoy --mode validate: %w\n%s", err, log.String())
-	}
-	return nil
 }
 
 // ListenerURL returns the http:// base URL of the named listener, bound to
@@ -211,11 +177,6 @@ func (p *Process) ListenerURL(ctx context.Context, name string) (string, error) 
 		return "", err
 	}
 	return req.URL.String(), nil
-}
-
-// Admin GETs path (such as "/stats") from the admin endpoint.
-func (p *Process) Admin(ctx context.Context, path string) ([]byte, error) {
-	return p.admin.Get(ctx, path)
 }
 
 // Stats returns Envoy's counters and gauges by name.
