@@ -20,11 +20,10 @@ import (
 
 var discard = slog.New(slog.DiscardHandler)
 
-// simClock returns a clock that reads an engine's simulated time: at time
-// scale s, one wall second is 1/s simulated seconds.
-func simClock(scale float64) func() time.Time {
-	t0 := time.Now()
-	return func() time.Time { return t0.Add(time.Duration(float64(time.Since(t0)) / scale)) }
+// simClock returns a clock that reads an engine's simulated time.
+func simClock(e *vllmsim.Engine) func() time.Time {
+	epoch := time.Unix(1_000_000_000, 0)
+	return func() time.Time { return epoch.Add(e.SimTime()) }
 }
 
 // startSim starts one simulated engine with the default cost model
@@ -54,7 +53,7 @@ func TestProbeMeasuresSimulatorPeak(t *testing.T) {
 	cost.PrefillToken *= 2
 	cost.PrefillAttention *= 2
 	e := startSim(t, vllmsim.Config{TimeScale: scale, Cost: cost})
-	p := Probe{URL: e.URL() + "/", Runs: 3, Now: simClock(scale), Logger: discard}
+	p := Probe{URL: e.URL() + "/", Runs: 3, Now: simClock(e), Logger: discard}
 	res, err := p.Measure(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +99,7 @@ func TestProbeWithoutTokenize(t *testing.T) {
 		proxy.ServeHTTP(w, r)
 	}))
 	defer srv.Close()
-	p := Probe{URL: srv.URL, Runs: 1, Now: simClock(scale), Logger: discard}
+	p := Probe{URL: srv.URL, Runs: 1, Now: simClock(e), Logger: discard}
 	res, err := p.Measure(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -18,11 +18,11 @@ import (
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
-// simClock returns a clock that reads an engine's simulated time: at time
-// scale s, one wall second is 1/s simulated seconds.
-func simClock(scale float64) func() time.Time {
-	t0 := time.Now()
-	return func() time.Time { return t0.Add(time.Duration(float64(time.Since(t0)) / scale)) }
+// simClock returns a clock that reads an engine's simulated time, which
+// lags the wall clock's mapping when the host cannot keep the time scale.
+func simClock(e *vllmsim.Engine) func() time.Time {
+	epoch := time.Unix(1_000_000_000, 0)
+	return func() time.Time { return epoch.Add(e.SimTime()) }
 }
 
 func startSim(t testing.TB, cfg vllmsim.Config) *vllmsim.Engine {
@@ -81,7 +81,7 @@ func TestCalibratesAgainstSimulator(t *testing.T) {
 	const scale = 0.05
 	e := startSim(t, vllmsim.Config{TimeScale: scale})
 	// One scrape per simulated second, windows of ten.
-	s, _ := startScraper(t, Config{Interval: 50 * time.Millisecond, Now: simClock(scale),
+	s, _ := startScraper(t, Config{Interval: 50 * time.Millisecond, Now: simClock(e),
 		Calibration: calibrate.Config{Window: 10 * time.Second}})
 	s.Set([]string{e.Addr()})
 

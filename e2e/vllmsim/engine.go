@@ -49,6 +49,9 @@ type Engine struct {
 	quit   chan struct{}
 	done   chan struct{}
 	t0     time.Time
+	// The loop's simulated time, guarded by mu: the start and end of the
+	// step running, equal while idle.
+	stepFrom, stepTo float64
 }
 
 // Start starts an engine: its HTTP server, its ZeroMQ sockets if KV events
@@ -141,6 +144,7 @@ func (e *Engine) start() error {
 	e.quit = make(chan struct{})
 	e.done = make(chan struct{})
 	e.t0 = time.Now()
+	e.stepFrom, e.stepTo = 0, 0
 	e.srv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 10 * time.Second}
 	srv, quit, done := e.srv, e.quit, e.done
 	e.mu.Unlock()
@@ -296,6 +300,26 @@ func (e *Engine) Probe(path string, body []byte) (Hit, error) {
 	return Hit{PromptTokens: len(r.tokens), GPUTokens: len(gpu) * bs, CPUTokens: cpu * bs}, nil
 }
 
+// SimTime returns the simulated time since the engine (re)started: what
+// the wall clock maps to while the engine keeps pace, but never past the
+// end of the step running, so that it lags with the engine when the host
+// is too slow for the time scale. Rates read from the metrics against it
+// are the simulated hardware's, however busy the host. Without pacing
+// (time scale 0) it is the sum of the costs of the steps run or running.
+func (e *Engine) SimTime() time.Duration {
+	e.mu.Lock()
+	from, to := e.stepFrom, e.stepTo
+	e.mu.Unlock()
+	if e.cfg.TimeScale == 0 {
+		return time.Duration(to * float64(time.Second))
+	}
+	v := max(e.vnow(time.Now()), from)
+	if to > from {
+		v = min(v, to)
+	}
+	return time.Duration(v * float64(time.Second))
+}
+
 // vnow converts a wall-clock time to simulated seconds since the start.
 func (e *Engine) vnow(t time.Time) float64 {
 	if e.cfg.TimeScale == 0 {
@@ -369,6 +393,11 @@ func (e *Engine) run(quit, done chan struct{}) {
 			plan = e.scheduleStep(v)
 		}
 		e.metrics.step(s)
+		end := v
+		if len(plan) > 0 {
+			end += s.cost(plan)
+		}
+		e.stepFrom, e.stepTo = v, end
 		e.mu.Unlock()
 
 		if len(plan) == 0 {
@@ -379,6 +408,7 @@ func (e *Engine) run(quit, done chan struct{}) {
 				}
 				stepStart = v
 				e.mu.Lock()
+				e.stepFrom, e.stepTo = v, v
 				admit(a)
 				e.mu.Unlock()
 			case r := <-e.abort:
@@ -392,7 +422,6 @@ func (e *Engine) run(quit, done chan struct{}) {
 			continue
 		}
 
-		end := v + s.cost(plan)
 		if e.cfg.TimeScale > 0 {
 			if d := time.Until(e.wall(end)); d > 0 {
 				t := time.NewTimer(d)
