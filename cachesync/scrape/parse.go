@@ -27,6 +27,7 @@ const (
 	KindSGLang
 )
 
+// String returns the kind as a label value: vllm, sglang or unknown.
 func (k Kind) String() string {
 	switch k {
 	case KindVLLM:
