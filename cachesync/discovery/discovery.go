@@ -46,7 +46,15 @@ type Source interface {
 	// start and again after every change, until ctx ends; then it returns
 	// nil. It returns an error only if it cannot start at all.
 	Run(ctx context.Context, out chan<- []Engine) error
+	// Counters returns the source's running totals.
+	Counters() Counters
 }
+
+var (
+	_ Source = (*Static)(nil)
+	_ Source = (*DNS)(nil)
+	_ Source = (*Kubernetes)(nil)
+)
 
 // EventPorts places an engine's KV-event sockets on its own IP, as vLLM
 // and SGLang lay them out: rank r of a data-parallel engine binds the
