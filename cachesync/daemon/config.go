@@ -1,0 +1,161 @@
+package daemon
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/cachesync/calibrate"
+	"github.com/kvroute/kvroute/cachesync/discovery"
+	"github.com/kvroute/kvroute/shared/approx"
+	"github.com/kvroute/kvroute/shared/blockhash"
+)
+
+// Config is the daemon's configuration: flags, each of which can also come
+// from the environment as CACHESYNC_<FLAG> (upper case, dashes as
+// underscores); a flag on the command line wins.
+type Config struct {
+	Listen string // address of the HTTP API
+
+	// Discovery: exactly one of these.
+	Engines    string // static list, discovery.ParseStatic syntax
+	DNSName    string // A/AAAA (with DNSPort) or SRV (DNSPort 0) records of a headless Service
+	DNSPort    int
+	K8sService string // namespace/name of a Service whose EndpointSlices list the engines
+	K8sPort    string // port name in the slices; "" takes the only port
+	Kubeconfig string // "" means in-cluster configuration
+	Events     discovery.EventPorts
+	Topic      string // KV-event topic prefix to subscribe to
+
+	// Tokenizer makes the index precise for engines with KV events: a
+	// tokenizer.json, a model directory, a tiktoken file or a built-in
+	// encoding name. Without it every engine is indexed approximately.
+	Tokenizer string
+	Hash      blockhash.Config // must match the filters' block_size and max_blocks
+
+	SyncInterval   time.Duration // snapshot build interval
+	ReportToken    string        // bearer token gateways send with reports; "" disables reports
+	ScrapeInterval time.Duration
+	ScrapeMisses   int
+	Calibration    calibrate.Config
+	BytesPerToken  float64 // sizes approximate indexes from KV capacity
+
+	LogFormat string // "text" or "json"
+	LogLevel  slog.Level
+}
+
+// ParseFlags reads args (without the program name) and the environment.
+func ParseFlags(args []string, getenv func(string) string) (Config, error) {
+	var c Config
+	fs := flag.NewFlagSet("cachesync", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "address of the snapshot and report API")
+	fs.StringVar(&c.Engines, "engines", "", "static engine list: ip:port[?events=PORT&replay=PORT&dp=N],...")
+	fs.StringVar(&c.DNSName, "dns-name", "", "discover engines from DNS: a headless Service name (A/AAAA with -dns-port, SRV without)")
+	fs.IntVar(&c.DNSPort, "dns-port", 0, "engines' HTTP port for A/AAAA discovery; 0 reads SRV records")
+	fs.StringVar(&c.K8sService, "k8s-service", "", "discover engines from the EndpointSlices of this Service (namespace/name)")
+	fs.StringVar(&c.K8sPort, "k8s-port", "", "port name of the engines' HTTP port in the EndpointSlices")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
+	fs.IntVar(&c.Events.Pub, "events-port", 0, "engines' KV-event PUB port (vLLM's default is 5557); 0 means no events")
+	fs.IntVar(&c.Events.Replay, "replay-port", 0, "engines' KV-event replay port; 0 means none")
+	fs.IntVar(&c.Events.DPSize, "dp-size", 0, "data-parallel ranks per engine (ports are offset by the rank)")
+	fs.StringVar(&c.Topic, "topic", "", "KV-event topic prefix to subscribe to")
+	fs.StringVar(&c.Tokenizer, "tokenizer", "", "engines' vocabulary for the precise index: tokenizer.json, model dir, tiktoken file or cl100k_base/o200k_base")
+	fs.IntVar(&c.Hash.BlockSize, "block-size", blockhash.DefaultBlockSize, "text block size in bytes; must match the filters")
+	fs.IntVar(&c.Hash.MaxBlocks, "max-blocks", blockhash.DefaultMaxBlocks, "blocks hashed per prompt at most; must match the filters")
+	fs.DurationVar(&c.SyncInterval, "sync-interval", 100*time.Millisecond, "least time between snapshot builds")
+	fs.StringVar(&c.ReportToken, "report-token", "", "bearer token gateways present with routing reports; empty disables reports")
+	reportTokenFile := fs.String("report-token-file", "", "file holding the report token")
+	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", time.Second, "time between metric scrapes of an engine")
+	fs.IntVar(&c.ScrapeMisses, "scrape-misses", 3, "failed scrapes in a row before an engine is unhealthy")
+	fs.Float64Var(&c.Calibration.Default, "prefill-rate", calibrate.DefaultRate, "prefill tokens/s assumed until calibrated")
+	fs.Float64Var(&c.Calibration.Ceiling, "prefill-rate-max", 0, "highest calibrated prefill rate accepted (default 4x -prefill-rate)")
+	fs.DurationVar(&c.Calibration.TMax, "t-max", calibrate.DefaultTMax, "prefill backlog at which an engine saturates: threshold = rate x t-max")
+	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token, to size approximate indexes")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
+	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "CACHESYNC_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(env); v != "" && !set[f.Name] && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("%s: %w", env, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return c, envErr
+	}
+	if *reportTokenFile != "" {
+		b, err := os.ReadFile(*reportTokenFile)
+		if err != nil {
+			return c, fmt.Errorf("report-token-file: %w", err)
+		}
+		c.ReportToken = strings.TrimSpace(string(b))
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
+		return c, fmt.Errorf("log-level: %w", err)
+	}
+	return c, c.Validate()
+}
+
+// Validate reports the first setting that cannot work, naming it.
+func (c *Config) Validate() error {
+	sources := 0
+	for _, s := range []string{c.Engines, c.DNSName, c.K8sService} {
+		if s != "" {
+			sources++
+		}
+	}
+	switch {
+	case sources != 1:
+		return errors.New("discovery: give exactly one of -engines, -dns-name, -k8s-service")
+	case c.K8sService != "" && strings.Count(c.K8sService, "/") != 1:
+		return errors.New("k8s-service: want namespace/name")
+	case c.DNSPort < 0 || c.DNSPort > 65535:
+		return errors.New("dns-port: want 0 to 65535")
+	case c.Hash.BlockSize < 1 || c.Hash.MaxBlocks < 1:
+		return errors.New("block-size and max-blocks must be positive")
+	case c.SyncInterval < 10*time.Millisecond:
+		return errors.New("sync-interval: want at least 10ms")
+	case c.ScrapeInterval < 10*time.Millisecond || c.ScrapeMisses < 1:
+		return errors.New("scrape-interval must be at least 10ms and scrape-misses at least 1")
+	case !(c.BytesPerToken > 0):
+		return errors.New("bytes-per-token must be positive")
+	case c.LogFormat != "text" && c.LogFormat != "json":
+		return errors.New("log-format: want text or json")
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	if err := c.Events.Validate(); err != nil {
+		return err
+	}
+	if _, err := c.Calibration.WithDefaults(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Logger returns the logger the configuration asks for.
+func (c *Config) Logger(w *os.File) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.LogLevel}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

@@ -1,0 +1,354 @@
+// Package daemon assembles cachesync: engine discovery, metric scraping and
+// calibration, the precise index from KV events, the approximate index from
+// gateway reports, and the snapshot service, with their metrics and a
+// graceful shutdown.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kvroute/kvroute/cachesync/bridge"
+	"github.com/kvroute/kvroute/cachesync/discovery"
+	"github.com/kvroute/kvroute/cachesync/index"
+	"github.com/kvroute/kvroute/cachesync/kvevents"
+	"github.com/kvroute/kvroute/cachesync/scrape"
+	"github.com/kvroute/kvroute/cachesync/service"
+	"github.com/kvroute/kvroute/cachesync/vocab"
+	"github.com/kvroute/kvroute/shared/approx"
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
+// Daemon is a configured cachesync, listening but not yet running.
+type Daemon struct {
+	cfg    Config
+	log    *slog.Logger
+	reg    *prometheus.Registry
+	ix     *index.Index
+	svc    *service.Server
+	ln     net.Listener
+	vocab  *vocab.Vocab
+	source discovery.Source
+
+	scrapes    chan scrape.State
+	discovered chan struct{}
+
+	mu      sync.Mutex // guards engines for the metrics collector
+	engines map[string]*engine
+	gone    engineStats // counters of engines removed, so totals never fall
+}
+
+// engine is the daemon's state for one discovered engine.
+type engine struct {
+	d       discovery.Engine
+	precise bool // indexed from KV events
+	started bool // its event bridges run
+	last    scrape.State
+	scraped bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	subs    []*kvevents.Subscriber
+	bridges []*bridge.Engine
+}
+
+// New builds the daemon's components and opens its listener.
+func New(cfg Config, log *slog.Logger) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Daemon{
+		cfg: cfg, log: log, reg: prometheus.NewRegistry(),
+		scrapes: make(chan scrape.State, 256), discovered: make(chan struct{}),
+		engines: map[string]*engine{},
+	}
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cfg.Tokenizer != "" {
+		v, err := vocab.Load(cfg.Tokenizer)
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer: %w", err)
+		}
+		d.vocab = v
+		log.Info("precise index enabled", "tokenizer", v.Name(), "tokens", v.Len())
+	} else {
+		log.Info("no tokenizer configured: every engine is indexed from gateway reports (approximate)")
+	}
+	var err error
+	if d.source, err = cfg.source(log); err != nil {
+		return nil, err
+	}
+	if d.ix, err = index.New(index.Config{Interval: cfg.SyncInterval, Registerer: d.reg, Logger: log}); err != nil {
+		return nil, err
+	}
+	if d.svc, err = service.New(service.Config{
+		Index: d.ix, Token: cfg.ReportToken, Registry: d.reg, Discovered: d.discovered, Logger: log,
+		ReportLimits: reportLimits(cfg),
+	}); err != nil {
+		return nil, err
+	}
+	if cfg.ReportToken == "" {
+		log.Warn("no report token: POST /v1/reports is disabled, so approximate engines learn nothing")
+	}
+	d.reg.MustRegister(&collector{d: d})
+	if d.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	return d, nil
+}
+
+// Addr is the address the API listens on.
+func (d *Daemon) Addr() string { return d.ln.Addr().String() }
+
+// Run runs the daemon until ctx ends, then shuts everything down.
+func (d *Daemon) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	run := func(name string, f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				errc <- fmt.Errorf("%s: %w", name, err)
+				cancel()
+			}
+		}()
+	}
+	run("index", d.ix.Run)
+	run("api", func(ctx context.Context) error { return d.svc.Serve(ctx, d.ln) })
+	scraper, err := scrape.Start(ctx, scrape.Config{
+		Interval: d.cfg.ScrapeInterval, Misses: d.cfg.ScrapeMisses, Calibration: d.cfg.Calibration,
+		Logger: d.log, OnChange: d.onScrape,
+	})
+	if err != nil {
+		return err
+	}
+	sets := make(chan []discovery.Engine)
+	run("discovery", func(ctx context.Context) error { return d.source.Run(ctx, sets) })
+	d.log.Info("cachesync running", "listen", d.Addr())
+
+	first := true
+loop:
+	for {
+		select {
+		case set := <-sets:
+			d.reconcile(ctx, scraper, set)
+			if first {
+				first = false
+				close(d.discovered)
+			}
+		case st := <-d.scrapes:
+			d.applyScrape(ctx, st)
+		case <-ctx.Done():
+			break loop
+		}
+	}
+	d.mu.Lock()
+	for _, e := range d.engines {
+		d.stop(e)
+	}
+	d.mu.Unlock()
+	scraper.Wait()
+	wg.Wait()
+	d.log.Info("cachesync stopped")
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// onScrape runs on the scraper's goroutines; the state is applied on the
+// daemon's loop, which owns the engines.
+func (d *Daemon) onScrape(st scrape.State) { d.scrapes <- st }
+
+// reconcile applies a new set of engines from discovery.
+func (d *Daemon) reconcile(ctx context.Context, scraper *scrape.Scraper, set []discovery.Engine) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	seen := make(map[string]bool, len(set))
+	addrs := make([]string, 0, len(set))
+	for _, de := range set {
+		seen[de.Addr] = true
+		addrs = append(addrs, de.Addr)
+		e, ok := d.engines[de.Addr]
+		if !ok {
+			d.add(de)
+			continue
+		}
+		if e.d.Draining != de.Draining {
+			e.d.Draining = de.Draining
+			d.log.Info("engine draining changed", "engine", de.Addr, "draining", de.Draining)
+			if e.scraped {
+				d.update(e)
+			} else if de.Draining {
+				d.ix.UpdateEndpoint(snapshot.EndpointInfo{Addr: de.Addr, Health: snapshot.HealthDraining})
+			}
+		}
+	}
+	for addr, e := range d.engines {
+		if !seen[addr] {
+			d.stop(e)
+			d.gone.add(e.stats())
+			delete(d.engines, addr)
+			d.ix.RemoveEndpoint(addr)
+			d.log.Info("engine removed", "engine", addr)
+		}
+	}
+	scraper.Set(addrs)
+}
+
+func (d *Daemon) add(de discovery.Engine) {
+	e := &engine{d: de, precise: d.vocab != nil && len(de.Events) > 0}
+	d.engines[de.Addr] = e
+	health := snapshot.HealthUnknown
+	if de.Draining {
+		health = snapshot.HealthDraining
+	}
+	if err := d.ix.SetEndpoint(snapshot.EndpointInfo{Addr: de.Addr, Health: health}); err != nil {
+		d.log.Error("engine rejected", "engine", de.Addr, "err", err)
+		delete(d.engines, de.Addr)
+		return
+	}
+	mode := index.Approximate
+	if e.precise {
+		mode = index.Precise
+	}
+	if err := d.ix.SetMode(de.Addr, mode); err != nil {
+		d.log.Error("set index mode", "engine", de.Addr, "err", err)
+	}
+	d.log.Info("engine added", "engine", de.Addr, "name", de.Name, "mode", mode.String(), "event_ranks", len(de.Events))
+}
+
+// applyScrape publishes an engine's scraped state and, once its served model
+// is known, starts its event bridges.
+func (d *Daemon) applyScrape(ctx context.Context, st scrape.State) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.engines[st.Addr]
+	if !ok {
+		return
+	}
+	e.last, e.scraped = st, true
+	d.update(e)
+	if st.KVCapacity > 0 {
+		blocks := approx.Sizing{BytesPerToken: d.cfg.BytesPerToken, BlockBytes: d.cfg.Hash.BlockSize}.Blocks(int64(st.KVCapacity))
+		if err := d.ix.SetCapacity(st.Addr, blocks); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
+			d.log.Warn("set approximate capacity", "engine", st.Addr, "err", err)
+		}
+	}
+	if e.precise && !e.started && len(st.Models) > 0 {
+		d.startEvents(ctx, e, st)
+	}
+}
+
+// update publishes e's last scrape, with discovery's draining on top.
+func (d *Daemon) update(e *engine) {
+	info := e.last.EndpointInfo()
+	if e.d.Draining {
+		info.Health = snapshot.HealthDraining
+	}
+	if err := d.ix.UpdateEndpoint(info); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
+		d.log.Warn("update endpoint", "engine", e.d.Addr, "err", err)
+	}
+}
+
+// startEvents subscribes to each rank's KV events through a bridge into the
+// engine's precise index entries.
+func (d *Daemon) startEvents(ctx context.Context, e *engine, st scrape.State) {
+	e.started = true
+	sink, err := d.ix.Sink(e.d.Addr)
+	if err != nil {
+		d.log.Error("precise index sink", "engine", e.d.Addr, "err", err)
+		return
+	}
+	var sinks func(int) bridge.Sink
+	if len(e.d.Events) == 1 {
+		sinks = func(int) bridge.Sink { return sink }
+	} else {
+		sinks = newRanks(sink, len(e.d.Events)).rank
+	}
+	ctx, e.cancel = context.WithCancel(ctx)
+	model := st.Models[0]
+	capacity := 0
+	if st.NumBlocks > 0 {
+		// A CPU tier, if any, is not in the metrics; leave it room.
+		capacity = 2 * st.NumBlocks
+	}
+	for i, ev := range e.d.Events {
+		log := d.log.With("engine", e.d.Addr, "rank", ev.Rank)
+		br, err := bridge.New(bridge.Config{Model: model, Vocab: d.vocab, Hash: d.cfg.Hash, Capacity: capacity, Logger: log}, sinks(i))
+		if err == nil {
+			var sub *kvevents.Subscriber
+			sub, err = kvevents.New(kvevents.Config{Endpoint: ev.Pub, ReplayEndpoint: ev.Replay, Topic: d.cfg.Topic, Logger: log}, br)
+			if err == nil {
+				e.bridges = append(e.bridges, br)
+				e.subs = append(e.subs, sub)
+				e.wg.Add(1)
+				go func() {
+					defer e.wg.Done()
+					if err := sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+						log.Error("KV events stopped", "err", err)
+					}
+				}()
+				continue
+			}
+		}
+		log.Error("cannot follow KV events; indexing the engine from reports instead", "err", err)
+		d.stop(e)
+		e.precise = false
+		d.ix.SetMode(e.d.Addr, index.Approximate)
+		return
+	}
+	d.log.Info("following KV events", "engine", e.d.Addr, "model", model, "ranks", len(e.d.Events))
+}
+
+func (d *Daemon) stop(e *engine) {
+	if e.cancel != nil {
+		e.cancel()
+		e.wg.Wait()
+		e.cancel = nil
+	}
+}
+
+// source builds the configured discovery source.
+func (c *Config) source(log *slog.Logger) (discovery.Source, error) {
+	switch {
+	case c.Engines != "":
+		es, err := discovery.ParseStatic(c.Engines, c.Events)
+		if err != nil {
+			return nil, err
+		}
+		return &discovery.Static{Engines: es}, nil
+	case c.DNSName != "":
+		return &discovery.DNS{Name: c.DNSName, Port: c.DNSPort, Events: c.Events, Logger: log}, nil
+	}
+	ns, name, _ := strings.Cut(c.K8sService, "/")
+	var rc *rest.Config
+	var err error
+	if c.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return &discovery.Kubernetes{Client: client, Namespace: ns, Service: name, PortName: c.K8sPort, Events: c.Events, Logger: log}, nil
+}

@@ -1,0 +1,293 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/e2e/vllmsim"
+	"github.com/kvroute/kvroute/shared/blockhash"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/report"
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
+const model = "Qwen/Qwen2.5-7B-Instruct"
+
+// fetcher follows a running cachesync like the filter does: bundles since
+// the generation held, parts into a map standing in for shared data.
+type fetcher struct {
+	t     *testing.T
+	url   string
+	store map[string][]byte
+	keys  *snapshot.Keys
+	view  *snapshot.View
+}
+
+func newFetcher(t *testing.T, addr string) *fetcher {
+	keys := snapshot.NewKeys("t/")
+	return &fetcher{t: t, url: "http://" + addr, store: map[string][]byte{}, keys: keys, view: snapshot.NewView(keys)}
+}
+
+func (f *fetcher) sync() {
+	since := uint64(0)
+	if m := f.view.Manifest(); m != nil {
+		since = m.Generation()
+	}
+	resp, err := http.Get(f.url + "/v1/snapshot?since=" + strconv.FormatUint(since, 10))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		return
+	}
+	if resp.StatusCode != http.StatusOK {
+		f.t.Fatalf("snapshot: %s %s", resp.Status, body)
+	}
+	b, err := snapshot.ParseBundle(body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := b.Complete(f.view.Manifest()); err != nil {
+		f.t.Fatal(err)
+	}
+	for _, p := range b.Parts() {
+		f.store[f.keys.Part(p)] = p.Data
+	}
+	f.store[f.keys.Head()] = b.Manifest().AppendHead(nil)
+	if _, err := f.view.Refresh(func(k string) ([]byte, error) { return f.store[k], nil }); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// holds reports how many leading hashes the endpoint at addr holds.
+func (f *fetcher) holds(addr string, hashes []uint64) int {
+	m := f.view.Manifest()
+	if m == nil {
+		return 0
+	}
+	slot := -1
+	for i := range m.NumEndpoints() {
+		if m.Endpoint(i).Addr() == addr {
+			slot = i
+		}
+	}
+	if slot < 0 {
+		return 0
+	}
+	out := make([]snapshot.Match, m.NumEndpoints())
+	f.view.Prefix(hashes, out)
+	return int(out[slot].Blocks)
+}
+
+func (f *fetcher) endpoint(addr string) (snapshot.Endpoint, bool) {
+	m := f.view.Manifest()
+	for i := 0; m != nil && i < m.NumEndpoints(); i++ {
+		if e := m.Endpoint(i); e.Addr() == addr {
+			return e, true
+		}
+	}
+	return snapshot.Endpoint{}, false
+}
+
+func eventually(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func startDaemon(t *testing.T, cfg Config) *Daemon {
+	t.Helper()
+	cfg.Listen = "127.0.0.1:0"
+	if cfg.SyncInterval == 0 {
+		cfg.SyncInterval = 50 * time.Millisecond
+	}
+	cfg.ScrapeInterval, cfg.ScrapeMisses = 100*time.Millisecond, 2
+	cfg.Hash = blockhash.Config{BlockSize: blockhash.DefaultBlockSize, MaxBlocks: blockhash.DefaultMaxBlocks}
+	cfg.BytesPerToken, cfg.LogFormat = 4, "text"
+	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	})
+	return d
+}
+
+func chat(t *testing.T, url, system, user string) []byte {
+	t.Helper()
+	body := []byte(`{"model":"` + model + `","max_tokens":1,"messages":[{"role":"system","content":"` + system +
+		`"},{"role":"user","content":"` + user + `"}]}`)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("engine answered %s", resp.Status)
+	}
+	return body
+}
+
+func filterHashes(t *testing.T, body []byte) []uint64 {
+	p, err := prompt.Render(nil, body, prompt.ChatML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blockhash.Append(nil, blockhash.Seed(p.Model, ""), p.Text, blockhash.Config{})
+}
+
+func TestPreciseIndexFollowsEngines(t *testing.T) {
+	ctx := t.Context()
+	es, err := vllmsim.StartN(ctx, 2, vllmsim.Config{Model: model, NumGPUBlocks: 64, TimeScale: 0.001,
+		KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec []string
+	for _, e := range es {
+		spec = append(spec, e.Addr()+"?events="+e.EventsEndpoint()+"&replay="+e.ReplayEndpoint())
+	}
+	d := startDaemon(t, Config{Engines: strings.Join(spec, ","), Tokenizer: "cl100k_base"})
+	f := newFetcher(t, d.Addr())
+
+	// Warm engine 0 directly: only its events can tell cachesync.
+	body := chat(t, es[0].URL(), strings.Repeat("You audit invoices for ACME. ", 30), "first question")
+	hashes := filterHashes(t, body)
+	eventually(t, "engine 0's prefix in the snapshot", func() bool {
+		f.sync()
+		return f.holds(es[0].Addr(), hashes) >= len(hashes)*3/4
+	})
+	if n := f.holds(es[1].Addr(), hashes); n != 0 {
+		t.Errorf("engine 1 holds %d blocks it never computed", n)
+	}
+	if e, ok := f.endpoint(es[0].Addr()); !ok || e.Health() != snapshot.HealthHealthy || e.NumModels() == 0 {
+		t.Errorf("engine 0's row: found %v, health %d, %d models", ok, e.Health(), e.NumModels())
+	}
+
+	// Evict it by filling the small cache with other prompts.
+	for i := range 12 {
+		chat(t, es[0].URL(), strings.Repeat("filler "+strconv.Itoa(i)+" ", 80), "x")
+	}
+	eventually(t, "the evicted prefix to leave the snapshot", func() bool {
+		f.sync()
+		return f.holds(es[0].Addr(), hashes) < len(hashes)/2
+	})
+
+	// An engine that stops answering turns unhealthy.
+	es[1].Close()
+	eventually(t, "engine 1 unhealthy", func() bool {
+		f.sync()
+		e, ok := f.endpoint(es[1].Addr())
+		return ok && e.Health() == snapshot.HealthUnhealthy
+	})
+
+	metrics := get(t, "http://"+d.Addr()+"/metrics")
+	for _, want := range []string{`kvroute_cachesync_kv_events_total{type="BlockStored"}`, `kvroute_cachesync_engines{mode="precise"} 2`, "kvroute_cachesync_snapshot_generation"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+func TestApproximateIndexFromReports(t *testing.T) {
+	es, err := vllmsim.StartN(t.Context(), 2, vllmsim.Config{Model: model, NumGPUBlocks: 256, TimeScale: 0.001})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, Config{Engines: es[0].Addr() + "," + es[1].Addr(), ReportToken: "tok"})
+	f := newFetcher(t, d.Addr())
+	hashes := []uint64{11, 22, 33, 44}
+	batch, err := report.AppendRecord(nil, &report.Record{Endpoint: es[1].Addr(), Model: model, Hashes: hashes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w report.Writer
+	if _, err := w.AddEncoded(batch); err != nil {
+		t.Fatal(err)
+	}
+	post := func(token string) int {
+		req, _ := http.NewRequest("POST", "http://"+d.Addr()+"/v1/reports", bytes.NewReader(w.Bytes()))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
+	if code := post("wrong"); code != http.StatusUnauthorized {
+		t.Errorf("report with a wrong token: %d", code)
+	}
+	if code := post("tok"); code != http.StatusAccepted {
+		t.Fatalf("report: %d", code)
+	}
+	eventually(t, "the reported prefix in the snapshot", func() bool {
+		f.sync()
+		return f.holds(es[1].Addr(), hashes) == len(hashes)
+	})
+}
+
+func TestConfigFromFlagsAndEnvironment(t *testing.T) {
+	env := map[string]string{"CACHESYNC_ENGINES": "10.0.0.1:8000", "CACHESYNC_REPORT_TOKEN": "from-env", "CACHESYNC_SYNC_INTERVAL": "250ms"}
+	cfg, err := ParseFlags([]string{"-report-token", "from-flag", "-log-format", "json"}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Engines != "10.0.0.1:8000" || cfg.ReportToken != "from-flag" || cfg.SyncInterval != 250*time.Millisecond || cfg.LogFormat != "json" {
+		t.Errorf("parsed %+v", cfg)
+	}
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, nil, "exactly one of"},
+		{[]string{"-engines", "a:1", "-dns-name", "x"}, nil, "exactly one of"},
+		{[]string{"-engines", "10.0.0.1:8000", "-log-format", "yaml"}, nil, "log-format"},
+		{[]string{"-k8s-service", "noslash"}, nil, "namespace/name"},
+		{[]string{"-engines", "10.0.0.1:8000"}, map[string]string{"CACHESYNC_SYNC_INTERVAL": "soon"}, "CACHESYNC_SYNC_INTERVAL"},
+		{[]string{"-engines", "10.0.0.1:8000", "-events-port", "70000"}, nil, "port"},
+		{[]string{"-engines", "10.0.0.1:8000", "-sync-interval", "1ms"}, nil, "sync-interval"},
+	} {
+		_, err := ParseFlags(c.args, func(k string) string { return c.env[k] })
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v %v: error %v, want one mentioning %q", c.args, c.env, err, c.want)
+		}
+	}
+}
+
+func get(t *testing.T, url string) string {
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	return string(b)
+}

@@ -1,0 +1,134 @@
+package daemon
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/cachesync/bridge"
+	"github.com/kvroute/kvroute/cachesync/kvevents"
+	"github.com/kvroute/kvroute/shared/report"
+)
+
+func reportLimits(c Config) report.Limits { return report.Limits{MaxHashes: c.Hash.MaxBlocks} }
+
+// engineStats sums the event subscribers' and bridges' statistics.
+type engineStats struct {
+	sub kvevents.Stats
+	br  bridge.Stats
+}
+
+func (s *engineStats) add(o engineStats) {
+	a, b := &s.sub, &o.sub
+	a.Batches += b.Batches
+	a.Stored += b.Stored
+	a.Removed += b.Removed
+	a.Cleared += b.Cleared
+	a.UnknownEvents += b.UnknownEvents
+	a.Gaps += b.Gaps
+	a.Replays += b.Replays
+	a.ReplayFailures += b.ReplayFailures
+	a.Replayed += b.Replayed
+	a.Duplicates += b.Duplicates
+	a.DecodeErrors += b.DecodeErrors
+	a.Connects += b.Connects
+	for i := range a.Resets {
+		a.Resets[i] += b.Resets[i]
+	}
+	c, e := &s.br, &o.br
+	c.Stored += e.Stored
+	c.Removed += e.Removed
+	c.Evicted += e.Evicted
+	c.Clears += e.Clears
+	for i := range c.Skipped {
+		c.Skipped[i] += e.Skipped[i]
+	}
+	c.Blocks += e.Blocks
+	c.TextBlocks += e.TextBlocks
+	c.Bytes += e.Bytes
+}
+
+func (e *engine) stats() engineStats {
+	var s engineStats
+	for _, sub := range e.subs {
+		s.add(engineStats{sub: sub.Stats()})
+	}
+	for _, br := range e.bridges {
+		s.add(engineStats{br: br.Stats()})
+	}
+	return s
+}
+
+const ns = "kvroute_cachesync_"
+
+var (
+	descEvents         = prometheus.NewDesc(ns+"kv_events_total", "KV-cache events applied, by type.", []string{"type"}, nil)
+	descBatches        = prometheus.NewDesc(ns+"kv_event_batches_total", "KV-event batches applied.", nil, nil)
+	descGaps           = prometheus.NewDesc(ns+"kv_event_gaps_total", "Sequence gaps noticed in engines' event streams.", nil, nil)
+	descReplays        = prometheus.NewDesc(ns+"kv_event_replays_total", "Replay requests sent to engines.", nil, nil)
+	descReplayFailures = prometheus.NewDesc(ns+"kv_event_replay_failures_total", "Replays that failed.", nil, nil)
+	descReplayed       = prometheus.NewDesc(ns+"kv_event_replayed_batches_total", "Batches applied from replays.", nil, nil)
+	descDecodeErrors   = prometheus.NewDesc(ns+"kv_event_decode_errors_total", "Event messages that did not decode.", nil, nil)
+	descResets         = prometheus.NewDesc(ns+"kv_event_resets_total", "Engine index resets, by reason.", []string{"reason"}, nil)
+	descSkipped        = prometheus.NewDesc(ns+"bridge_skipped_blocks_total", "Engine blocks not indexed, by reason.", []string{"reason"}, nil)
+	descEvicted        = prometheus.NewDesc(ns+"bridge_evicted_blocks_total", "Engine blocks dropped for the bridge's capacity cap.", nil, nil)
+	descBlocks         = prometheus.NewDesc(ns+"bridge_engine_blocks", "Engine blocks the bridges track.", nil, nil)
+	descTextBlocks     = prometheus.NewDesc(ns+"bridge_text_blocks", "Text blocks the engines hold, summed over engines.", nil, nil)
+	descBridgeBytes    = prometheus.NewDesc(ns+"bridge_state_bytes", "Memory of the bridges' state.", nil, nil)
+	descEngines        = prometheus.NewDesc(ns+"engines", "Engines discovered, by index mode.", []string{"mode"}, nil)
+)
+
+// collector reads the components' statistics when Prometheus scrapes.
+type collector struct{ d *Daemon }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descEvents, descBatches, descGaps, descReplays, descReplayFailures, descReplayed,
+		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	d := c.d
+	d.mu.Lock()
+	total := d.gone
+	total.br.Blocks, total.br.TextBlocks, total.br.Bytes = 0, 0, 0 // gauges count live engines only
+	precise := 0
+	for _, e := range d.engines {
+		total.add(e.stats())
+		if e.precise {
+			precise++
+		}
+	}
+	engines := len(d.engines)
+	d.mu.Unlock()
+
+	counter := func(desc *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(desc *prometheus.Desc, v int, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(v), labels...)
+	}
+	s := total.sub
+	counter(descEvents, s.Stored, "BlockStored")
+	counter(descEvents, s.Removed, "BlockRemoved")
+	counter(descEvents, s.Cleared, "AllBlocksCleared")
+	counter(descEvents, s.UnknownEvents, "unknown")
+	counter(descBatches, s.Batches)
+	counter(descGaps, s.Gaps)
+	counter(descReplays, s.Replays)
+	counter(descReplayFailures, s.ReplayFailures)
+	counter(descReplayed, s.Replayed)
+	counter(descDecodeErrors, s.DecodeErrors)
+	for r, n := range s.Resets {
+		counter(descResets, n, kvevents.Reason(r).String())
+	}
+	b := total.br
+	for r, n := range b.Skipped {
+		counter(descSkipped, n, bridge.Skip(r).String())
+	}
+	counter(descEvicted, b.Evicted)
+	gauge(descBlocks, b.Blocks)
+	gauge(descTextBlocks, b.TextBlocks)
+	gauge(descBridgeBytes, b.Bytes)
+	gauge(descEngines, precise, "precise")
+	gauge(descEngines, engines-precise, "approximate")
+}
