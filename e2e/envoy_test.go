@@ -271,8 +271,8 @@ func sha(b []byte) string {
 // prompt's next request is balanced by load, not affinity.
 func settle() { time.Sleep(time.Second) }
 
-// sharedPrefix is a system prompt longer than the filter's affinity span
-// (8 blocks of 64 bytes), so requests that share it share a route.
+// sharedPrefix is a system prompt of many 64-byte blocks, so requests that
+// share it share cached blocks, and a route.
 var sharedPrefix = strings.Repeat("You are a meticulous assistant for the billing team. ", 16)
 
 // TestEnvoy runs every check that can share one Envoy: V8 takes seconds to
@@ -315,8 +315,11 @@ func TestEnvoy(t *testing.T) {
 			}
 			seen[r.Server]++
 		}
+		// Fresh prompts go to the least-loaded engine, ties broken at
+		// random: each engine gets about 20, and fewer than 5 has odds
+		// of a few in a million.
 		for _, m := range members {
-			if seen[m] < 8 {
+			if seen[m] < 5 {
 				t.Errorf("engine %s answered %d of 60 distinct prefixes: %v", m, seen[m], seen)
 			}
 		}
