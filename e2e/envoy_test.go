@@ -438,6 +438,7 @@ func TestEnvoy(t *testing.T) {
 	t.Run("chunked request", func(t *testing.T) {
 		body := chatBody(t, "qwen", sharedPrefix, strings.Repeat("a long question in many pieces ", 2000))
 		want := g.chat(t, body, nil)
+		settle()
 		pr, pw := io.Pipe()
 		go func() {
 			// Pieces of odd sizes with pauses, so Envoy hands the filter the
