@@ -35,9 +35,9 @@ const (
 	loadMaxBodySize = 256 << 10
 	loadQuerySize   = 32 << 10
 	// loadMinGCCycles is well under the cycles that loadRequests*loadQuerySize
-	// (640 MiB) of garbage causes: 85 measured, with the live heap the
+	// (640 MiB) of garbage causes: 63 to 85 measured, with the live heap the
 	// filter's local index keeps.
-	loadMinGCCycles = 40
+	loadMinGCCycles = 30
 )
 
 // loadBodies returns chat bodies from loadMinBodySize to loadMaxBodySize
