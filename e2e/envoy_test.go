@@ -110,7 +110,8 @@ type gateway struct {
 
 // gatewayConfig loads envoy.yaml and rewrites what a test run must change:
 // free ports, the engines cluster's endpoints, the module path, and the
-// plugin's endpoint list (pluginEndpoints, or the cluster's if nil).
+// plugin's endpoint list (pluginEndpoints, or the cluster's if nil), with no
+// cachesync.
 func gatewayConfig(t testing.TB, cluster, pluginEndpoints []string) *envoy.Config {
 	t.Helper()
 	cfg, err := envoy.LoadConfig(shippedConfig)
@@ -132,6 +133,9 @@ func gatewayConfig(t testing.TB, cluster, pluginEndpoints []string) *envoy.Confi
 		t.Fatal(err)
 	}
 	pc["endpoints"] = pluginEndpoints
+	// Without cachesync the filter keeps its own index: a single gateway's
+	// mode, the one these tests exercise.
+	delete(pc, "cachesync")
 	must(t, cfg.SetPluginConfiguration(pluginName, pc))
 	return cfg
 }

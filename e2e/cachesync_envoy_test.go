@@ -1,0 +1,322 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/cachesync/daemon"
+	"github.com/kvroute/kvroute/e2e/vllmsim"
+	"github.com/kvroute/kvroute/shared/blockhash"
+)
+
+// These tests run the whole loop: simulated vLLM engines publishing KV
+// events, cachesync, and real Envoy with the shipped envoy.yaml.
+
+const (
+	simModel    = "Qwen/Qwen2.5-7B-Instruct" // served with the ChatML template, as envoy.yaml renders
+	reportToken = "e2e-report-token"
+)
+
+// runningDaemon is an in-process cachesync.
+type runningDaemon struct {
+	addr string
+	stop func()
+}
+
+func startCachesync(t testing.TB, addr string, engines []*vllmsim.Engine, precise bool) *runningDaemon {
+	t.Helper()
+	var spec []string
+	for _, e := range engines {
+		s := e.Addr()
+		if precise {
+			s += "?events=" + e.EventsEndpoint() + "&replay=" + e.ReplayEndpoint()
+		}
+		spec = append(spec, s)
+	}
+	cfg := daemon.Config{
+		Listen: addr, Engines: strings.Join(spec, ","), ReportToken: reportToken,
+		Hash:         blockhash.Config{BlockSize: blockhash.DefaultBlockSize, MaxBlocks: blockhash.DefaultMaxBlocks},
+		SyncInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, ScrapeMisses: 3,
+		BytesPerToken: 4, LogFormat: "text",
+	}
+	if precise {
+		cfg.Tokenizer = "cl100k_base"
+	}
+	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("cachesync: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return &runningDaemon{addr: d.Addr(), stop: stop}
+}
+
+func startEngines(t testing.TB, n int, cfg vllmsim.Config) []*vllmsim.Engine {
+	t.Helper()
+	cfg.Model = simModel
+	cfg.KVEvents = vllmsim.KVEventsConfig{EnableKVCacheEvents: true}
+	es, err := vllmsim.StartN(context.Background(), n, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, e := range es {
+			e.Close()
+		}
+	})
+	return es
+}
+
+// cachesyncGateway runs the shipped envoy.yaml in front of the engines,
+// pointed at cachesync, with the debug header on.
+func cachesyncGateway(t testing.TB, engines []*vllmsim.Engine, cachesync string, policy map[string]any) *gateway {
+	t.Helper()
+	var addrs []string
+	for _, e := range engines {
+		addrs = append(addrs, e.Addr())
+	}
+	cfg := gatewayConfig(t, addrs, nil)
+	must(t, cfg.SetEndpoints("cachesync", []string{cachesync}))
+	pc, err := cfg.PluginConfiguration(pluginName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc["cachesync"] = map[string]any{"cluster": "cachesync", "report_token": reportToken}
+	pc["debug_header"] = true
+	if policy != nil {
+		pc["policy"] = policy
+	}
+	must(t, cfg.SetPluginConfiguration(pluginName, pc))
+	return startGateway(t, cfg, 2)
+}
+
+func simChat(system, user string, maxTokens int) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"model": simModel, "max_tokens": maxTokens,
+		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
+	})
+	return b
+}
+
+// post sends a chat request and returns the status and kvroute's decision.
+func post(t testing.TB, client *http.Client, url string, body []byte) (int, string) {
+	t.Helper()
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("x-kvroute-decision")
+}
+
+// probe asks the gateway where a prompt would go without letting any engine
+// cache it: max_tokens -1 is rejected by the engine before it computes
+// anything, but the filter routes (and explains) the request all the same.
+func probe(t testing.TB, g *gateway, system, user string) string {
+	t.Helper()
+	code, d := post(t, g.client, g.url, simChat(system, user, -1))
+	if code != http.StatusBadRequest || d == "" {
+		t.Fatalf("probe: status %d, decision %q", code, d)
+	}
+	return d
+}
+
+func affineTo(decision, addr string) bool {
+	return strings.Contains(decision, "endpoint="+addr+";") && strings.Contains(decision, "reason=affinity")
+}
+
+func waitFor(t testing.TB, within time.Duration, what string, f func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !f() {
+		if time.Since(start) > within {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestCachesyncEventsDriveRouting(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 384, TimeScale: 0.05})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+
+	// Each engine is warmed directly, not through Envoy: only its KV events
+	// can tell kvroute. The delay runs from the engine's answer to the first
+	// request routed to it by affinity.
+	var delays []time.Duration
+	for i := range 18 {
+		warm := es[i%len(es)]
+		system := "Tenant " + strconv.Itoa(i) + " policies. " + strings.Repeat("Refunds need a receipt and a reason. ", 40)
+		if code, _ := post(t, http.DefaultClient, warm.URL(), simChat(system, "first", 1)); code != http.StatusOK {
+			t.Fatalf("warming %s: %d", warm.Addr(), code)
+		}
+		delays = append(delays, waitFor(t, 10*time.Second, "affinity to the warmed engine", func() bool {
+			return affineTo(probe(t, g, system, "next question"), warm.Addr())
+		}))
+		if i == 0 {
+			// Eviction: fill the engine's cache with other prompts; routing
+			// must stop preferring it for the evicted prefix.
+			for j := range 8 {
+				post(t, http.DefaultClient, warm.URL(), simChat(strings.Repeat("filler "+strconv.Itoa(j)+" ", 500), "x", 1))
+			}
+			waitFor(t, 10*time.Second, "the evicted prefix to stop attracting requests", func() bool {
+				d := probe(t, g, system, "next question")
+				return !strings.Contains(d, "reason=affinity")
+			})
+		}
+	}
+	slices.Sort(delays)
+	p50, p99 := delays[len(delays)/2], delays[len(delays)-1]
+	t.Logf("event-to-routing delay over %d prompts: p50 %v, p99 (max) %v", len(delays), p50.Round(time.Millisecond), p99.Round(time.Millisecond))
+}
+
+func TestCachesyncHotPrefixSpillsAndReturns(t *testing.T) {
+	// Slow engines (real-time cost model at half speed) so that requests
+	// stay in flight long enough to load the warm one.
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 4096, TimeScale: 0.5})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, map[string]any{"max_ttft_penalty_ms": 50})
+	hot := es[0]
+	system := strings.Repeat("The shared 3k-token system prompt of a coding agent. ", 220)
+	post(t, http.DefaultClient, hot.URL(), simChat(system, "warm", 1))
+	waitFor(t, 10*time.Second, "affinity to the warm engine", func() bool {
+		return affineTo(probe(t, g, system, "q"), hot.Addr())
+	})
+
+	// A burst of requests sharing the prefix, each with a long question of
+	// its own: the warm engine's queue of uncached tokens grows past the
+	// TTFT penalty and the gateway releases affinity.
+	var mu sync.Mutex
+	reasons := map[string]int{}
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			q := strings.Repeat("question "+strconv.Itoa(i)+" about the build ", 40)
+			code, d := post(t, g.client, g.url, simChat(system, q, 64))
+			mu.Lock()
+			defer mu.Unlock()
+			if code != http.StatusOK {
+				t.Errorf("burst request %d: status %d", i, code)
+			}
+			for _, r := range []string{"affinity", "saturated-release", "least-load", "fallback"} {
+				if strings.Contains(d, "reason="+r+";") {
+					reasons[r]++
+				}
+			}
+		}()
+		time.Sleep(2 * time.Millisecond)
+	}
+	wg.Wait()
+	t.Logf("burst decisions: %v", reasons)
+	if reasons["affinity"] == 0 || reasons["saturated-release"] == 0 {
+		t.Errorf("burst decisions %v: want affinity first, then releases once the warm engine saturated", reasons)
+	}
+	// Load gone: the prefix is routed by affinity again.
+	waitFor(t, 10*time.Second, "affinity after the burst", func() bool {
+		return strings.Contains(probe(t, g, system, "after"), "reason=affinity")
+	})
+}
+
+func TestCachesyncApproximateModeSharedByGateways(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	cs := startCachesync(t, "127.0.0.1:0", es, false)
+	g1 := cachesyncGateway(t, es, cs.addr, nil)
+	g2 := cachesyncGateway(t, es, cs.addr, nil)
+	for i := range 4 {
+		system := "Conversation " + strconv.Itoa(i) + ". " + strings.Repeat("We were discussing the quarterly plan. ", 30)
+		code, d := post(t, g1.client, g1.url, simChat(system, "turn 1", 1))
+		if code != http.StatusOK {
+			t.Fatalf("through gateway 1: %d", code)
+		}
+		home := d[len("endpoint="):strings.Index(d, ";")]
+		// Gateway 2 never saw the conversation; gateway 1's report to
+		// cachesync is how it learns.
+		waitFor(t, 10*time.Second, "gateway 2 to route by gateway 1's report", func() bool {
+			return affineTo(probe(t, g2, system, "turn 2"), home)
+		})
+	}
+}
+
+func TestCachesyncOutagesNeverFailRequests(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.02})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+	system := strings.Repeat("Always answer in French. ", 60)
+	post(t, g.client, g.url, simChat(system, "bonjour", 1))
+	waitFor(t, 10*time.Second, "a snapshot-driven decision", func() bool {
+		return strings.Contains(probe(t, g, system, "q"), "reason=affinity")
+	})
+
+	stop := make(chan struct{})
+	var sent, failed int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for c := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, _ := post(t, g.client, g.url, simChat(system, "client "+strconv.Itoa(c)+" request "+strconv.Itoa(i), 2))
+				mu.Lock()
+				sent++
+				if code != http.StatusOK {
+					failed++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	cs.stop() // cachesync dies
+	time.Sleep(2 * time.Second)
+	restarted := startCachesync(t, cs.addr, es, true) // and comes back on its address
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	if failed > 0 || sent < 20 {
+		t.Errorf("%d of %d requests failed while cachesync died and restarted", failed, sent)
+	}
+	t.Logf("%d requests through a cachesync outage and restart, %d failed", sent, failed)
+	waitFor(t, 10*time.Second, "routing by the restarted cachesync's snapshots", func() bool {
+		return strings.Contains(probe(t, g, system, "q"), "reason=affinity")
+	})
+	_ = restarted
+	stats, err := g.envoy.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats["wasmcustom.kvroute.sync.errors"] == 0 {
+		t.Error("the outage left no trace in kvroute.sync.errors")
+	}
+}
