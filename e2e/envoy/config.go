@@ -292,3 +292,21 @@ func object(m map[string]any, keys ...string) (map[string]any, error) {
 	}
 	return m, nil
 }
+
+// SetRoundRobin makes the named cluster balance by plain round robin, as a
+// Kubernetes Service does: the baseline kvroute is compared with.
+func (c *Config) SetRoundRobin(cluster string) error {
+	cl, err := c.named("clusters", cluster)
+	if err != nil {
+		return err
+	}
+	cl["load_balancing_policy"] = map[string]any{"policies": []any{map[string]any{
+		"typed_extension_config": map[string]any{
+			"name": "envoy.load_balancing_policies.round_robin",
+			"typed_config": map[string]any{
+				"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin",
+			},
+		},
+	}}}
+	return nil
+}
