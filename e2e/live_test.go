@@ -233,6 +233,29 @@ func TestReportsReachCachesyncWithToken(t *testing.T) {
 	}
 }
 
+func TestReportTokenFromVMEnvironment(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	f := newFakeCachesync(t, engines(threeEndpoints...)...)
+	cfg := pluginConfig(t, map[string]any{"cachesync": map[string]any{"cluster": "cachesync", "report_token_env": "KVROUTE_REPORT_TOKEN"}})
+	clusters := map[string]func(*wasmhost.Callout) wasmhost.CalloutResponse{"cachesync": f.serve}
+	if _, err := h.NewVM(context.Background(), wasmhost.VMConfig{VMID: "kvroute", PluginConfiguration: cfg, Clusters: clusters}); err == nil {
+		t.Fatal("configuration accepted with the token's variable missing from the VM environment")
+	}
+	vm, err := h.NewVM(context.Background(), wasmhost.VMConfig{
+		VMID: "kvroute", PluginConfiguration: cfg, AllowOnHeadersStopIteration: true, Clusters: clusters,
+		Env: []string{"KVROUTE_REPORT_TOKEN=from-a-secret"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	syncVMs(vm)
+	send(t, vm, postHeaders("/v1/chat/completions"), chatBody(t, "qwen", strings.Repeat("token ", 40)), 4096).Close()
+	syncVMs(vm)
+	if len(f.auth) == 0 || f.auth[0] != "Bearer from-a-secret" {
+		t.Errorf("reports sent with authorization %q", f.auth)
+	}
+}
+
 func TestInFlightLoadSpillsAndReleases(t *testing.T) {
 	h := newHost(t, wasmhost.Fixed)
 	eps := engines(threeEndpoints...)

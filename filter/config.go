@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/shared/blockhash"
@@ -52,7 +53,9 @@ type cachesyncConfig struct {
 	snapshotPath string
 	reportPath   string
 	reportToken  string
-	timeout      time.Duration
+	// reportTokenEnv names a VM environment variable holding the token.
+	reportTokenEnv string
+	timeout        time.Duration
 }
 
 const (
@@ -126,8 +129,20 @@ func (c *config) finish() error {
 	if _, err := policy.New(c.policy); err != nil {
 		return fieldErr("policy", err.Error())
 	}
-	if c.cachesync != nil && c.cachesync.cluster == "" {
+	if c.cachesync == nil {
+		return nil
+	}
+	if c.cachesync.cluster == "" {
 		return fieldErr("cachesync.cluster", "required")
+	}
+	if name := c.cachesync.reportTokenEnv; name != "" {
+		// The Wasm VM's environment: Envoy's vm_config.environment_variables,
+		// so the token can come from a Secret rather than plain config.
+		token, ok := syscall.Getenv(name)
+		if !ok || token == "" {
+			return fieldErr("cachesync.report_token_env", "the VM environment has no "+name)
+		}
+		c.cachesync.reportToken = token
 	}
 	return nil
 }
@@ -186,6 +201,8 @@ func (c *config) set(field string, v gjson.Result) error {
 		c.cachesync.reportPath, err = absPath(v)
 	case "cachesync.report_token":
 		c.cachesync.reportToken, err = nonEmpty(v)
+	case "cachesync.report_token_env":
+		c.cachesync.reportTokenEnv, err = nonEmpty(v)
 	case "cachesync.timeout_ms":
 		c.cachesync.timeout, err = millis(v, 1, 60_000)
 	case "policy":

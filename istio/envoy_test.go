@@ -57,6 +57,9 @@ func TestPatchedGatewayInEnvoy(t *testing.T) {
 		t.Fatal(err)
 	}
 	boot := gatewayBootstrap(t, in, module, engines)
+	// What the gateway Deployment passes to istio-proxy from the Secret; the
+	// filter reads it through the VM's host_env_keys.
+	t.Setenv("KVROUTE_REPORT_TOKEN", "token-from-the-secret")
 	b, err := protojson.Marshal(boot)
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,9 @@ import (
 	apinet "istio.io/api/networking/v1alpha3"
 	netv1 "istio.io/client-go/pkg/apis/networking/v1"
 	netv1alpha3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
 	// The fallback policy's type, for protojson's Any.
@@ -39,6 +42,13 @@ type install struct {
 	gateways        []*netv1.Gateway
 	virtualServices []*netv1.VirtualService
 	envoyFilters    []*netv1alpha3.EnvoyFilter
+	// cachesync.yaml's Kubernetes objects.
+	deployments     []*appsv1.Deployment
+	services        []*corev1.Service
+	serviceAccounts []*corev1.ServiceAccount
+	secrets         []*corev1.Secret
+	roles           []*rbacv1.Role
+	roleBindings    []*rbacv1.RoleBinding
 	// patches holds each EnvoyFilter patch value decoded into the Envoy
 	// type its applyTo names, in file order.
 	patches []patch
@@ -121,9 +131,32 @@ func (in *install) add(doc []byte) error {
 			}
 			in.patches = append(in.patches, patch{filter: ef.Name, spec: p, value: v})
 		}
+	case "apps/v1 Deployment":
+		return strict(doc, &in.deployments)
+	case "v1 Service":
+		return strict(doc, &in.services)
+	case "v1 ServiceAccount":
+		return strict(doc, &in.serviceAccounts)
+	case "v1 Secret":
+		return strict(doc, &in.secrets)
+	case "rbac.authorization.k8s.io/v1 Role":
+		return strict(doc, &in.roles)
+	case "rbac.authorization.k8s.io/v1 RoleBinding":
+		return strict(doc, &in.roleBindings)
 	default:
 		return fmt.Errorf("unexpected %s %s", head.APIVersion, head.Kind)
 	}
+	return nil
+}
+
+// strict decodes a Kubernetes object into a new T, rejecting unknown fields,
+// and appends it to list.
+func strict[T any](doc []byte, list *[]*T) error {
+	v := new(T)
+	if err := yaml.UnmarshalStrict(doc, v); err != nil {
+		return err
+	}
+	*list = append(*list, v)
 	return nil
 }
 
