@@ -23,13 +23,14 @@ const casAttempts = 16
 // loadTracker adds and releases this VM's share of the gateway's in-flight
 // load, and reads everyone's for the policy.
 type loadTracker struct {
-	vm  uint64
-	ttl time.Duration // rows older than this belong to dead VMs
-	buf []byte
+	vm    uint64
+	ttl   time.Duration // rows older than this belong to dead VMs
+	buf   []byte
+	table inflight.Table // decoded and reused
 
-	// Per snapshot generation: each slot's endpoint hash.
+	// Per snapshot generation: the slot of each endpoint hash.
 	gen       uint64
-	slotHash  []uint64
+	slotOf    map[uint64]int
 	local     []policy.Local
 	corrupted bool
 }
@@ -46,13 +47,12 @@ func (t *loadTracker) change(endpoint uint64, d inflight.Counts) {
 			proxywasm.LogError("kvroute: read in-flight load: " + err.Error())
 			return
 		}
-		tab, err := inflight.Decode(val)
-		if err != nil && !t.corrupted {
+		if err := t.table.Decode(val); err != nil && !t.corrupted {
 			t.corrupted = true
 			proxywasm.LogError("kvroute: in-flight load table is corrupt; starting it afresh")
 		}
-		tab.Update(t.vm, now, t.ttl.Milliseconds(), endpoint, d)
-		t.buf = tab.Append(t.buf[:0])
+		t.table.Update(t.vm, now, t.ttl.Milliseconds(), endpoint, d)
+		t.buf = t.table.Append(t.buf[:0])
 		err = proxywasm.SetSharedData(inflightKey, t.buf, cas)
 		if err == nil {
 			return
@@ -69,11 +69,13 @@ func (t *loadTracker) change(endpoint uint64, d inflight.Counts) {
 func (t *loadTracker) locals(v *snapshot.View) []policy.Local {
 	m := v.Manifest()
 	n := m.NumEndpoints()
-	if t.gen != m.Generation() || len(t.slotHash) != n {
+	if t.slotOf == nil || t.gen != m.Generation() {
 		t.gen = m.Generation()
-		t.slotHash = t.slotHash[:0]
+		t.slotOf = make(map[uint64]int, n)
 		for i := range n {
-			t.slotHash = append(t.slotHash, endpointHash(m.Endpoint(i).Addr()))
+			if e := m.Endpoint(i); !e.Vacant() {
+				t.slotOf[endpointHash(e.Addr())] = i
+			}
 		}
 	}
 	if cap(t.local) < n {
@@ -82,17 +84,16 @@ func (t *loadTracker) locals(v *snapshot.View) []policy.Local {
 	t.local = t.local[:n]
 	clear(t.local)
 	val, _, err := proxywasm.GetSharedData(inflightKey)
-	if err != nil {
+	if err != nil || t.table.Decode(val) != nil {
 		return t.local
 	}
-	tab, err := inflight.Decode(val)
-	if err != nil {
-		return t.local
-	}
-	now, ttl := time.Now().UnixMilli(), t.ttl.Milliseconds()
-	for i, h := range t.slotHash {
-		c := tab.Sum(now, ttl, h)
-		t.local[i] = policy.Local{PrefillTokens: c.PrefillTokens, Requests: c.Requests}
-	}
+	t.table.Each(time.Now().UnixMilli(), t.ttl.Milliseconds(), t.add)
 	return t.local
+}
+
+func (t *loadTracker) add(e inflight.Entry) {
+	if i, ok := t.slotOf[e.Endpoint]; ok {
+		t.local[i].PrefillTokens += e.PrefillTokens
+		t.local[i].Requests += e.Requests
+	}
 }

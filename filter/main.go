@@ -206,7 +206,7 @@ func (h *httpContext) account(d *decision) {
 func (h *httpContext) report(d *decision) {
 	p := h.plugin
 	hashes := p.router.hashes
-	if len(hashes) == 0 {
+	if len(hashes) == 0 || !p.sync.reporting() {
 		return
 	}
 	hashes = hashes[:min(len(hashes), p.cfg.reportBlocks)]

@@ -292,6 +292,12 @@ func (s *syncer) drainReports() {
 	}
 }
 
+// reporting says whether decisions go anywhere: to the local index, or to
+// a cachesync that accepts them (it needs the token).
+func (s *syncer) reporting() bool {
+	return s.cfg.cachesync == nil || s.cfg.cachesync.reportToken != ""
+}
+
 // enqueueReport queues one routing decision for the fetcher VM's tick.
 func (s *syncer) enqueueReport(rec []byte) {
 	if err := proxywasm.EnqueueSharedQueue(s.queue, rec); err != nil {

@@ -13,6 +13,9 @@
 //	"KVIF" u16 version u16 rows
 //	per row: u64 vm id, i64 heartbeat (unix ms), u32 entries
 //	         per entry: u64 endpoint hash, i64 prefill tokens, i64 requests
+//
+// A Table is decoded into and reused, so the request path does not allocate
+// once its slices have grown.
 package inflight
 
 import (
@@ -28,6 +31,7 @@ const (
 	entrySize = 24
 	// MaxEntries bounds one row; endpoints beyond it are not counted.
 	MaxEntries = 4096
+	maxRows    = 1<<16 - 1
 )
 
 var le = binary.LittleEndian
@@ -42,11 +46,17 @@ type Counts struct {
 	Requests      int64
 }
 
-// Row is one VM's counts, keyed by endpoint hash.
+// Entry is one endpoint's load in one VM's row.
+type Entry struct {
+	Endpoint uint64 // hash of the endpoint's address
+	Counts
+}
+
+// Row is one VM's counts.
 type Row struct {
 	VM        uint64
 	Heartbeat int64 // unix milliseconds
-	Entries   map[uint64]Counts
+	Entries   []Entry
 }
 
 // Table is a decoded shared value.
@@ -54,39 +64,54 @@ type Table struct {
 	Rows []Row
 }
 
-// Decode parses a stored value; an empty value is an empty table.
-func Decode(b []byte) (Table, error) {
-	var t Table
+// Decode parses a stored value into t, reusing its memory; an empty value is
+// an empty table. On error t is empty.
+func (t *Table) Decode(b []byte) error {
+	t.Rows = t.Rows[:0]
 	if len(b) == 0 {
-		return t, nil
+		return nil
 	}
 	if len(b) < headSize || string(b[:4]) != magic || le.Uint16(b[4:]) != version {
-		return t, ErrCorrupt
+		return ErrCorrupt
 	}
 	n := int(le.Uint16(b[6:]))
 	b = b[headSize:]
-	for i := 0; i < n; i++ {
+	for range n {
 		if len(b) < rowHead {
-			return Table{}, ErrCorrupt
+			t.Rows = t.Rows[:0]
+			return ErrCorrupt
 		}
-		r := Row{VM: le.Uint64(b), Heartbeat: int64(le.Uint64(b[8:]))}
 		m := int(le.Uint32(b[16:]))
-		b = b[rowHead:]
-		if m > MaxEntries || len(b) < m*entrySize {
-			return Table{}, ErrCorrupt
+		if m > MaxEntries || len(b)-rowHead < m*entrySize {
+			t.Rows = t.Rows[:0]
+			return ErrCorrupt
 		}
-		r.Entries = make(map[uint64]Counts, m)
-		for j := 0; j < m; j++ {
+		r := t.next()
+		r.VM, r.Heartbeat = le.Uint64(b), int64(le.Uint64(b[8:]))
+		b = b[rowHead:]
+		for j := range m {
 			e := b[j*entrySize:]
-			r.Entries[le.Uint64(e)] = Counts{int64(le.Uint64(e[8:])), int64(le.Uint64(e[16:]))}
+			r.Entries = append(r.Entries, Entry{le.Uint64(e), Counts{int64(le.Uint64(e[8:])), int64(le.Uint64(e[16:]))}})
 		}
 		b = b[m*entrySize:]
-		t.Rows = append(t.Rows, r)
 	}
 	if len(b) != 0 {
-		return Table{}, ErrCorrupt
+		t.Rows = t.Rows[:0]
+		return ErrCorrupt
 	}
-	return t, nil
+	return nil
+}
+
+// next appends a row, reusing the entries slice a previous decode left.
+func (t *Table) next() *Row {
+	if len(t.Rows) < cap(t.Rows) {
+		t.Rows = t.Rows[:len(t.Rows)+1]
+	} else {
+		t.Rows = append(t.Rows, Row{})
+	}
+	r := &t.Rows[len(t.Rows)-1]
+	r.Entries = r.Entries[:0]
+	return r
 }
 
 // Append encodes t onto dst. Zero counts are left out.
@@ -100,13 +125,13 @@ func (t *Table) Append(dst []byte) []byte {
 		at := len(dst)
 		dst = le.AppendUint32(dst, 0)
 		n := 0
-		for h, c := range r.Entries {
-			if (c == Counts{}) || n == MaxEntries {
+		for _, e := range r.Entries {
+			if (e.Counts == Counts{}) || n == MaxEntries {
 				continue
 			}
-			dst = le.AppendUint64(dst, h)
-			dst = le.AppendUint64(dst, uint64(c.PrefillTokens))
-			dst = le.AppendUint64(dst, uint64(c.Requests))
+			dst = le.AppendUint64(dst, e.Endpoint)
+			dst = le.AppendUint64(dst, uint64(e.PrefillTokens))
+			dst = le.AppendUint64(dst, uint64(e.Requests))
 			n++
 		}
 		le.PutUint32(dst[at:], uint32(n))
@@ -119,47 +144,60 @@ func (t *Table) Append(dst []byte) []byte {
 // release can arrive after a restart lost the matching add.
 func (t *Table) Update(vm uint64, now, ttl int64, endpoint uint64, d Counts) {
 	kept := t.Rows[:0]
-	var own *Row
-	for i := range t.Rows {
-		r := t.Rows[i]
+	own := -1
+	for _, r := range t.Rows {
 		if r.VM != vm && r.Heartbeat < now-ttl {
 			continue
+		}
+		if r.VM == vm {
+			own = len(kept)
 		}
 		kept = append(kept, r)
 	}
 	t.Rows = kept
-	for i := range t.Rows {
-		if t.Rows[i].VM == vm {
-			own = &t.Rows[i]
+	if own < 0 {
+		if len(t.Rows) == maxRows {
+			return
 		}
+		t.next().VM = vm
+		own = len(t.Rows) - 1
 	}
-	if own == nil && len(t.Rows) < 1<<16-1 {
-		t.Rows = append(t.Rows, Row{VM: vm, Entries: map[uint64]Counts{}})
-		own = &t.Rows[len(t.Rows)-1]
-	}
-	if own == nil {
-		return
-	}
-	own.Heartbeat = now
+	r := &t.Rows[own]
+	r.Heartbeat = now
 	if d == (Counts{}) {
 		return
 	}
-	c := own.Entries[endpoint]
-	c.PrefillTokens = max(0, c.PrefillTokens+d.PrefillTokens)
-	c.Requests = max(0, c.Requests+d.Requests)
-	own.Entries[endpoint] = c
+	for i := range r.Entries {
+		if e := &r.Entries[i]; e.Endpoint == endpoint {
+			e.PrefillTokens = max(0, e.PrefillTokens+d.PrefillTokens)
+			e.Requests = max(0, e.Requests+d.Requests)
+			return
+		}
+	}
+	r.Entries = append(r.Entries, Entry{endpoint, Counts{max(0, d.PrefillTokens), max(0, d.Requests)}})
+}
+
+// Each calls f with every entry of every row whose heartbeat is within ttl
+// of now.
+func (t *Table) Each(now, ttl int64, f func(Entry)) {
+	for _, r := range t.Rows {
+		if r.Heartbeat < now-ttl {
+			continue
+		}
+		for _, e := range r.Entries {
+			f(e)
+		}
+	}
 }
 
 // Sum adds every live row's counts for endpoint.
 func (t *Table) Sum(now, ttl int64, endpoint uint64) Counts {
 	var s Counts
-	for _, r := range t.Rows {
-		if r.Heartbeat < now-ttl {
-			continue
+	t.Each(now, ttl, func(e Entry) {
+		if e.Endpoint == endpoint {
+			s.PrefillTokens += e.PrefillTokens
+			s.Requests += e.Requests
 		}
-		c := r.Entries[endpoint]
-		s.PrefillTokens += c.PrefillTokens
-		s.Requests += c.Requests
-	}
+	})
 	return s
 }

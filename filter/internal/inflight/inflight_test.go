@@ -8,8 +8,8 @@ func TestUpdateSumRoundTrip(t *testing.T) {
 	tab.Update(1, 100, ttl, 0xa, Counts{500, 1})
 	tab.Update(2, 100, ttl, 0xa, Counts{300, 1})
 	tab.Update(2, 110, ttl, 0xb, Counts{7, 1})
-	got, err := Decode(tab.Append(nil))
-	if err != nil {
+	var got Table
+	if err := got.Decode(tab.Append(nil)); err != nil {
 		t.Fatal(err)
 	}
 	if s := got.Sum(120, ttl, 0xa); s != (Counts{800, 2}) {
@@ -50,12 +50,14 @@ func TestDecodeRejectsCorrupt(t *testing.T) {
 		"trailing":  append(append([]byte{}, good...), 0),
 		"short":     good[:5],
 	} {
-		if _, err := Decode(b); err == nil {
+		var got Table
+		if err := got.Decode(b); err == nil {
 			t.Errorf("%s: decoded", name)
 		}
 	}
-	if tab, err := Decode(nil); err != nil || len(tab.Rows) != 0 {
-		t.Errorf("empty value: %v %v", tab, err)
+	var empty Table
+	if err := empty.Decode(nil); err != nil || len(empty.Rows) != 0 {
+		t.Errorf("empty value: %v %v", empty, err)
 	}
 }
 
@@ -64,12 +66,52 @@ func FuzzDecode(f *testing.F) {
 	tab.Update(1, 1, 10, 2, Counts{3, 4})
 	f.Add(tab.Append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		tab, err := Decode(b)
-		if err != nil {
+		var tab, again Table
+		if tab.Decode(b) != nil {
 			return
 		}
-		if _, err := Decode(tab.Append(nil)); err != nil {
+		if err := again.Decode(tab.Append(nil)); err != nil {
 			t.Fatalf("re-encoding failed: %v", err)
 		}
 	})
+}
+
+// The request path decodes the table and sums it for every endpoint slot;
+// with a reused Table it must not allocate.
+func TestDecodeReusesMemory(t *testing.T) {
+	var src Table
+	for vm := range uint64(8) {
+		for ep := range uint64(64) {
+			src.Update(vm+1, 100, 1000, ep, Counts{10, 1})
+		}
+	}
+	b := src.Append(nil)
+	var tab Table
+	tab.Decode(b)
+	var total int64
+	sum := func(e Entry) { total += e.Requests }
+	if n := testing.AllocsPerRun(100, func() {
+		tab.Decode(b)
+		tab.Each(100, 1000, sum)
+	}); n != 0 {
+		t.Errorf("decode and sum allocate %v times per run", n)
+	}
+}
+
+func BenchmarkDecodeSum(b *testing.B) {
+	var src Table
+	for vm := range uint64(8) {
+		for ep := range uint64(64) {
+			src.Update(vm+1, 100, 1000, ep, Counts{10, 1})
+		}
+	}
+	v := src.Append(nil)
+	var tab Table
+	var total int64
+	b.SetBytes(int64(len(v)))
+	b.ReportAllocs()
+	for b.Loop() {
+		tab.Decode(v)
+		tab.Each(100, 1000, func(e Entry) { total += e.Requests })
+	}
 }
