@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/e2e/wasmhost"
 )
@@ -313,10 +314,13 @@ func TestInvalidConfigurationRejected(t *testing.T) {
 
 // Without allow_on_headers_stop_iteration Envoy turns the filter's header
 // pause into StopAllIteration and never calls it with the body: routing
-// cannot work, and envoy.yaml must set the flag.
+// cannot work, and envoy.yaml must set the flag. The filter notices on its
+// tick, lets the request go unrouted and says what to fix.
 func TestHeaderPauseNeedsStopIterationFlag(t *testing.T) {
 	h := newHost(t, wasmhost.Fixed)
-	vm, err := h.NewVM(context.Background(), wasmhost.VMConfig{VMID: "kvroute", PluginConfiguration: pluginConfig(t, nil)})
+	vm, err := h.NewVM(context.Background(), wasmhost.VMConfig{
+		VMID: "kvroute", PluginConfiguration: pluginConfig(t, map[string]any{"hold_timeout_ms": 20}),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +328,18 @@ func TestHeaderPauseNeedsStopIterationFlag(t *testing.T) {
 	s.SendRequestHeaders(postHeaders("/v1/chat/completions"), false)
 	s.SendRequestBody(chatBody(t, "qwen", "hello"), true)
 	if s.Upstream.Headers != nil {
-		t.Fatal("headers reached the upstream although the filter never saw the body")
+		t.Fatal("headers passed although Envoy stopped all iteration")
+	}
+	time.Sleep(50 * time.Millisecond)
+	vm.Tick()
+	if s.Upstream.Headers == nil || !s.Upstream.Ended {
+		t.Fatal("the held request was never released")
+	}
+	if n := metric(t, h, "kvroute.requests.held_too_long"); n != 1 {
+		t.Errorf("held_too_long = %d", n)
+	}
+	if !strings.Contains(vm.LogText(), "allow_on_headers_stop_iteration") {
+		t.Error("the log does not tell the operator what to fix")
 	}
 }
 

@@ -483,23 +483,14 @@ func envRegisterQueue(vm *VM, mod api.Module, stack []uint64) {
 	q, found := h.queues[k]
 	if !found {
 		q = &queue{key: k}
+		q.id = h.queueIDs.add(q)
 		h.queues[k] = q
-		h.queueID = append(h.queueID, q)
 	}
 	q.owner, q.root = vm, vm.rootID
-	id := h.queueIndex(q)
+	id := q.id
 	h.mu.Unlock()
 	mod.Memory().WriteUint32Le(uint32(stack[2]), id)
 	stack[0] = statusOK
-}
-
-func (h *Host) queueIndex(q *queue) uint32 {
-	for i, x := range h.queueID {
-		if x == q {
-			return uint32(i + 1)
-		}
-	}
-	return 0
 }
 
 func envResolveQueue(vm *VM, mod api.Module, stack []uint64) {
@@ -517,7 +508,7 @@ func envResolveQueue(vm *VM, mod api.Module, stack []uint64) {
 	q, found := h.queues[queueKey{vmID, name}]
 	var id uint32
 	if found {
-		id = h.queueIndex(q)
+		id = q.id
 	}
 	h.mu.Unlock()
 	if !found {
@@ -528,13 +519,6 @@ func envResolveQueue(vm *VM, mod api.Module, stack []uint64) {
 	stack[0] = statusOK
 }
 
-func (h *Host) queueByID(id uint64) *queue {
-	if id == 0 || id > uint64(len(h.queueID)) {
-		return nil
-	}
-	return h.queueID[id-1]
-}
-
 func envEnqueue(vm *VM, mod api.Module, stack []uint64) {
 	val, ok := read(mod, stack[1], stack[2])
 	if !ok {
@@ -543,7 +527,7 @@ func envEnqueue(vm *VM, mod api.Module, stack []uint64) {
 	}
 	h := vm.host
 	h.mu.Lock()
-	q := h.queueByID(stack[0])
+	q := h.queueIDs.get(stack[0])
 	if q != nil {
 		q.items = append(q.items, val)
 		if q.owner != nil {
@@ -561,7 +545,7 @@ func envEnqueue(vm *VM, mod api.Module, stack []uint64) {
 func envDequeue(vm *VM, mod api.Module, stack []uint64) {
 	h := vm.host
 	h.mu.Lock()
-	q := h.queueByID(stack[0])
+	q := h.queueIDs.get(stack[0])
 	var item []byte
 	empty := true
 	if q != nil && len(q.items) > 0 {
@@ -596,32 +580,20 @@ func envDefineMetric(vm *VM, mod api.Module, stack []uint64) {
 	m, found := h.metrics[name]
 	if !found {
 		m = &metric{name: name, kind: kind}
+		m.id = h.metricIDs.add(m)
 		h.metrics[name] = m
-		h.byID = append(h.byID, m)
 	}
-	var id uint32
-	for i, x := range h.byID {
-		if x == m {
-			id = uint32(i + 1)
-		}
-	}
+	id := m.id
 	h.mu.Unlock()
 	mod.Memory().WriteUint32Le(uint32(stack[3]), id)
 	stack[0] = statusOK
-}
-
-func (h *Host) metricByID(id uint64) *metric {
-	if id == 0 || id > uint64(len(h.byID)) {
-		return nil
-	}
-	return h.byID[id-1]
 }
 
 func envIncrementMetric(vm *VM, _ api.Module, stack []uint64) {
 	h := vm.host
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	m := h.metricByID(stack[0])
+	m := h.metricIDs.get(stack[0])
 	delta := int64(stack[1])
 	switch {
 	case m == nil:
@@ -640,7 +612,7 @@ func envRecordMetric(vm *VM, _ api.Module, stack []uint64) {
 	h := vm.host
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	m := h.metricByID(stack[0])
+	m := h.metricIDs.get(stack[0])
 	if m == nil {
 		stack[0] = statusNotFound
 		return
@@ -652,7 +624,7 @@ func envRecordMetric(vm *VM, _ api.Module, stack []uint64) {
 func envGetMetric(vm *VM, mod api.Module, stack []uint64) {
 	h := vm.host
 	h.mu.Lock()
-	m := h.metricByID(stack[0])
+	m := h.metricIDs.get(stack[0])
 	var v int64
 	if m != nil {
 		v = m.value

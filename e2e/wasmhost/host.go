@@ -59,15 +59,15 @@ type Host struct {
 	runtime   wazero.Runtime
 	compiled  wazero.CompiledModule
 
-	mu      sync.Mutex
-	shared  map[string]map[string]*sharedValue // vm_id -> key -> value
-	cas     uint32
-	queues  map[queueKey]*queue
-	queueID []*queue // index+1 is the queue id
-	metrics map[string]*metric
-	byID    []*metric // index+1 is the metric id
-	vms     []*VM
-	polls   int
+	mu        sync.Mutex
+	shared    map[string]map[string]*sharedValue // vm_id -> key -> value
+	cas       uint32
+	queues    map[queueKey]*queue
+	queueIDs  registry[queue]
+	metrics   map[string]*metric
+	metricIDs registry[metric]
+	vms       []*VM
+	polls     int
 }
 
 type sharedValue struct {
@@ -78,6 +78,7 @@ type sharedValue struct {
 type queueKey struct{ vmID, name string }
 
 type queue struct {
+	id    uint32
 	key   queueKey
 	owner *VM // the VM whose root context registered it
 	root  uint32
@@ -85,9 +86,26 @@ type queue struct {
 }
 
 type metric struct {
+	id    uint32
 	name  string
 	kind  uint32
 	value int64
+}
+
+// registry numbers what it holds from 1, as the ABI's queue and metric ids
+// are (0 is never valid).
+type registry[T any] struct{ items []*T }
+
+func (r *registry[T]) add(v *T) uint32 {
+	r.items = append(r.items, v)
+	return uint32(len(r.items))
+}
+
+func (r *registry[T]) get(id uint64) *T {
+	if id == 0 || id > uint64(len(r.items)) {
+		return nil
+	}
+	return r.items[id-1]
 }
 
 // New compiles wasm and prepares a host with the given semantics. It fails
