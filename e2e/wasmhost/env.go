@@ -486,7 +486,7 @@ func envRegisterQueue(vm *VM, mod api.Module, stack []uint64) {
 		q.id = h.queueIDs.add(q)
 		h.queues[k] = q
 	}
-	q.owner, q.root = vm, vm.rootID
+	q.owner = vm
 	id := q.id
 	h.mu.Unlock()
 	mod.Memory().WriteUint32Le(uint32(stack[2]), id)

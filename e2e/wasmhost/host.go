@@ -81,7 +81,6 @@ type queue struct {
 	id    uint32
 	key   queueKey
 	owner *VM // the VM whose root context registered it
-	root  uint32
 	items [][]byte
 }
 
