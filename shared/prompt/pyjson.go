@@ -3,7 +3,6 @@ package prompt
 import (
 	"math"
 	"strconv"
-	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -118,20 +117,8 @@ func appendPyString(dst, raw []byte) []byte {
 		i = j
 		switch raw[i+1] {
 		case 'u':
-			r := hex4(raw[i+2 : i+6])
-			i += 6
-			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
-					r2 = hex4(raw[i+2 : i+6])
-				}
-				if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
-					r = d
-					i += 6
-				} else {
-					r = utf8.RuneError
-				}
-			}
+			var r rune
+			r, i = unicodeEscape(raw, i)
 			dst = appendPyRune(dst, r)
 		case '/':
 			dst = append(dst, '/')

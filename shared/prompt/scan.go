@@ -299,20 +299,8 @@ func appendUnescaped(dst, raw []byte) []byte {
 		c := raw[i+1]
 		switch c {
 		case 'u':
-			r := hex4(raw[i+2 : i+6])
-			i += 6
-			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
-					r2 = hex4(raw[i+2 : i+6])
-				}
-				if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
-					r = d
-					i += 6
-				} else {
-					r = utf8.RuneError
-				}
-			}
+			var r rune
+			r, i = unicodeEscape(raw, i)
 			w += utf8.EncodeRune(dst[w:], r)
 			continue
 		case 'b':
@@ -573,4 +561,23 @@ func (s *scanner) array(depth int, elem func() error) error {
 			return ErrInvalidJSON
 		}
 	}
+}
+
+// unicodeEscape decodes the \uXXXX escape at raw[i:], with the low half of a
+// surrogate pair after it, and returns the rune (U+FFFD for a lone
+// surrogate) and the index after what it consumed.
+func unicodeEscape(raw []byte, i int) (rune, int) {
+	r := hex4(raw[i+2 : i+6])
+	i += 6
+	if !utf16.IsSurrogate(r) {
+		return r, i
+	}
+	r2 := rune(-1)
+	if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
+		r2 = hex4(raw[i+2 : i+6])
+	}
+	if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
+		return d, i + 6
+	}
+	return utf8.RuneError, i
 }
