@@ -44,8 +44,9 @@ type Daemon struct {
 	scrapes    chan scrape.State
 	discovered chan struct{}
 
-	mu      sync.Mutex // guards engines for the metrics collector
+	mu      sync.Mutex // guards engines and scraper for the metrics collector
 	engines map[string]*engine
+	scraper *scrape.Scraper
 	gone    engineStats // counters of engines removed, so totals never fall
 }
 
@@ -134,6 +135,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	d.mu.Lock()
+	d.scraper = scraper
+	d.mu.Unlock()
 	sets := make(chan []discovery.Engine)
 	run("discovery", func(ctx context.Context) error { return d.source.Run(ctx, sets) })
 	d.log.Info("cachesync running", "listen", d.Addr())

@@ -204,7 +204,8 @@ func TestPreciseIndexFollowsEngines(t *testing.T) {
 	})
 
 	metrics := get(t, "http://"+d.Addr()+"/metrics")
-	for _, want := range []string{`kvroute_cachesync_kv_events_total{type="BlockStored"}`, `kvroute_cachesync_engines{mode="precise"} 2`, "kvroute_cachesync_snapshot_generation"} {
+	for _, want := range []string{`kvroute_cachesync_kv_events_total{type="BlockStored"}`, `kvroute_cachesync_engines{mode="precise"} 2`,
+		"kvroute_cachesync_snapshot_generation", `kvroute_cachesync_engines_by_health{health="unhealthy"} 1`, "kvroute_cachesync_scrape_failures_total"} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -4,8 +4,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/cachesync/bridge"
+	"github.com/kvroute/kvroute/cachesync/discovery"
 	"github.com/kvroute/kvroute/cachesync/kvevents"
 	"github.com/kvroute/kvroute/shared/report"
+	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
 func reportLimits(c Config) report.Limits { return report.Limits{MaxHashes: c.Hash.MaxBlocks} }
@@ -74,14 +76,26 @@ var (
 	descTextBlocks     = prometheus.NewDesc(ns+"bridge_text_blocks", "Text blocks the engines hold, summed over engines.", nil, nil)
 	descBridgeBytes    = prometheus.NewDesc(ns+"bridge_state_bytes", "Memory of the bridges' state.", nil, nil)
 	descEngines        = prometheus.NewDesc(ns+"engines", "Engines discovered, by index mode.", []string{"mode"}, nil)
+	descHealth         = prometheus.NewDesc(ns+"engines_by_health", "Engines by health as the scraper sees them.", []string{"health"}, nil)
+	descScrapes        = prometheus.NewDesc(ns+"scrapes_total", "Metric scrapes of engines, failed ones included.", nil, nil)
+	descScrapeFailures = prometheus.NewDesc(ns+"scrape_failures_total", "Metric scrapes of engines that failed.", nil, nil)
+	descScrapeSeconds  = prometheus.NewDesc(ns+"scrape_seconds_total", "Time spent scraping engines.", nil, nil)
+	descDiscovery      = prometheus.NewDesc(ns+"discovery_updates_total", "Engine sets discovery sent.", nil, nil)
+	descDiscoveryErrs  = prometheus.NewDesc(ns+"discovery_errors_total", "Discovery lookups that failed (the last set stands).", nil, nil)
 )
+
+var healthNames = map[snapshot.Health]string{
+	snapshot.HealthUnknown: "unknown", snapshot.HealthHealthy: "healthy",
+	snapshot.HealthDraining: "draining", snapshot.HealthUnhealthy: "unhealthy",
+}
 
 // collector reads the components' statistics when Prometheus scrapes.
 type collector struct{ d *Daemon }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descBatches, descGaps, descReplays, descReplayFailures, descReplayed,
-		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines} {
+		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines,
+		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descDiscovery, descDiscoveryErrs} {
 		ch <- d
 	}
 }
@@ -99,6 +113,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	engines := len(d.engines)
+	scraper := d.scraper
 	d.mu.Unlock()
 
 	counter := func(desc *prometheus.Desc, v uint64, labels ...string) {
@@ -131,4 +146,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descBridgeBytes, b.Bytes)
 	gauge(descEngines, precise, "precise")
 	gauge(descEngines, engines-precise, "approximate")
+	if scraper != nil {
+		st := scraper.Stats()
+		counter(descScrapes, st.Scrapes)
+		counter(descScrapeFailures, st.Failures)
+		ch <- prometheus.MustNewConstMetric(descScrapeSeconds, prometheus.CounterValue, st.ScrapeSeconds)
+		for h, name := range healthNames {
+			gauge(descHealth, st.Engines[h], name)
+		}
+	}
+	if c, ok := d.source.(interface{ Counters() discovery.Counters }); ok {
+		dc := c.Counters()
+		counter(descDiscovery, dc.Updates)
+		counter(descDiscoveryErrs, dc.Errors)
+	}
 }
