@@ -27,6 +27,11 @@ type loadTracker struct {
 	ttl   time.Duration // rows older than this belong to dead VMs
 	buf   []byte
 	table inflight.Table // decoded and reused
+	// cas is the CAS token of the value table was decoded from, while valid:
+	// a routed request reads the table for the policy and then adds itself,
+	// and the add starts from that read instead of reading again.
+	cas   uint32
+	valid bool
 
 	// Per snapshot generation: the slot of each endpoint hash.
 	gen       uint64
@@ -42,18 +47,15 @@ func endpointHash(addr string) uint64 { return xxhash.Sum64String(addr) }
 func (t *loadTracker) change(endpoint uint64, d inflight.Counts) {
 	now := time.Now().UnixMilli()
 	for range casAttempts {
-		val, cas, err := proxywasm.GetSharedData(inflightKey)
-		if err != nil && !errors.Is(err, types.ErrorStatusNotFound) {
-			proxywasm.LogError("kvroute: read in-flight load: " + err.Error())
+		if !t.valid && !t.read() {
 			return
 		}
-		if err := t.table.Decode(val); err != nil && !t.corrupted {
-			t.corrupted = true
-			proxywasm.LogError("kvroute: in-flight load table is corrupt; starting it afresh")
-		}
+		// Whatever happens next, the decoded table no longer matches a cas
+		// this VM knows.
+		t.valid = false
 		t.table.Update(t.vm, now, t.ttl.Milliseconds(), endpoint, d)
 		t.buf = t.table.Append(t.buf[:0])
-		err = proxywasm.SetSharedData(inflightKey, t.buf, cas)
+		err := proxywasm.SetSharedData(inflightKey, t.buf, t.cas)
 		if err == nil {
 			return
 		}
@@ -63,6 +65,23 @@ func (t *loadTracker) change(endpoint uint64, d inflight.Counts) {
 		}
 	}
 	proxywasm.LogWarn("kvroute: in-flight load update lost to contention")
+}
+
+// read decodes the stored table into t.table and remembers its cas.
+func (t *loadTracker) read() bool {
+	val, cas, err := proxywasm.GetSharedData(inflightKey)
+	if err != nil && !errors.Is(err, types.ErrorStatusNotFound) {
+		proxywasm.LogError("kvroute: read in-flight load: " + err.Error())
+		return false
+	}
+	if err := t.table.Decode(val); err != nil && !t.corrupted {
+		t.corrupted = true
+		proxywasm.LogError("kvroute: in-flight load table is corrupt; starting it afresh")
+	}
+	// A missing key has cas 0, which would write unconditionally; any other
+	// value still creates it, and loses to a VM that created it first.
+	t.cas, t.valid = max(cas, 1), true
+	return true
 }
 
 // locals returns the gateway's load per slot of the view's endpoint table.
@@ -83,8 +102,7 @@ func (t *loadTracker) locals(v *snapshot.View) []policy.Local {
 	}
 	t.local = t.local[:n]
 	clear(t.local)
-	val, _, err := proxywasm.GetSharedData(inflightKey)
-	if err != nil || t.table.Decode(val) != nil {
+	if !t.read() {
 		return t.local
 	}
 	t.table.Each(time.Now().UnixMilli(), t.ttl.Milliseconds(), t.add)
