@@ -309,20 +309,6 @@ func GetSharedData(key string) ([]byte, uint32, error) {
 	return owned(p, n), cas, nil
 }
 
-// ReadSharedData is GetSharedData reading into dst's storage when the value
-// fits, for values read often.
-func ReadSharedData(dst []byte, key string) ([]byte, uint32, error) {
-	var p *byte
-	var n, cas uint32
-	reserve(dst)
-	st := proxyGetSharedData(stringPtr(key), uint32(len(key)), unsafe.Pointer(&p), unsafe.Pointer(&n), unsafe.Pointer(&cas))
-	reserved = nil
-	if err := statusErr(st); err != nil {
-		return nil, 0, err
-	}
-	return owned(p, n), cas, nil
-}
-
 // SetSharedData stores a shared-data value. A non-zero cas makes the write
 // conditional: it fails with ErrorStatusCasMismatch if the key changed since
 // the read that returned cas.
