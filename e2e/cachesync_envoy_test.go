@@ -111,6 +111,21 @@ func cachesyncGateway(t testing.TB, engines []*vllmsim.Engine, cachesync string,
 	return startGateway(t, cfg, 2)
 }
 
+// reportsAccepted fails the test unless the gateway's report batches all
+// reached cachesync: at least one sent and none counted as an error. A
+// batch refused, lost or mistaken for a refusal shows as an error.
+func reportsAccepted(t testing.TB, g *gateway) {
+	t.Helper()
+	stats, err := g.envoy.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent, errs := stats["wasmcustom.kvroute.reports.sent"], stats["wasmcustom.kvroute.reports.errors"]
+	if sent == 0 || errs != 0 {
+		t.Errorf("kvroute.reports.sent %d, kvroute.reports.errors %d: want batches sent and no errors", sent, errs)
+	}
+}
+
 func simChat(system, user string, maxTokens int) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"model": simModel, "max_tokens": maxTokens,
@@ -192,6 +207,7 @@ func TestCachesyncEventsDriveRouting(t *testing.T) {
 	slices.Sort(delays)
 	p50, p99 := delays[len(delays)/2], delays[len(delays)-1]
 	t.Logf("event-to-routing delay over %d prompts: p50 %v, p99 (max) %v", len(delays), p50.Round(time.Millisecond), p99.Round(time.Millisecond))
+	reportsAccepted(t, g)
 }
 
 func TestCachesyncHotPrefixSpillsAndReturns(t *testing.T) {
@@ -241,6 +257,7 @@ func TestCachesyncHotPrefixSpillsAndReturns(t *testing.T) {
 	waitFor(t, 10*time.Second, "affinity after the burst", func() bool {
 		return strings.Contains(probe(t, g, system, "after"), "reason=affinity")
 	})
+	reportsAccepted(t, g)
 }
 
 func TestCachesyncApproximateModeSharedByGateways(t *testing.T) {
@@ -261,6 +278,9 @@ func TestCachesyncApproximateModeSharedByGateways(t *testing.T) {
 			return affineTo(probe(t, g2, system, "turn 2"), home)
 		})
 	}
+	time.Sleep(300 * time.Millisecond) // the probes' last batches
+	reportsAccepted(t, g1)
+	reportsAccepted(t, g2)
 }
 
 func TestCachesyncOutagesNeverFailRequests(t *testing.T) {

@@ -86,7 +86,8 @@ func (f *fakeCachesync) serve(c *wasmhost.Callout) wasmhost.CalloutResponse {
 			f.t.Errorf("filter sent a corrupt report batch: %v", err)
 		}
 		f.reports = append(f.reports, batch)
-		return wasmhost.CalloutResponse{Headers: [][2]string{{":status", "204"}}}
+		// What cachesync answers: the batch is applied later.
+		return wasmhost.CalloutResponse{Headers: [][2]string{{":status", "202"}}}
 	}
 	f.fetches = append(f.fetches, path)
 	since, _ := strconv.ParseUint(path[strings.Index(path, "since=")+6:], 10, 64)
@@ -230,6 +231,12 @@ func TestReportsReachCachesyncWithToken(t *testing.T) {
 	}
 	if want := filterHashes(t, body); len(got) != len(want) || got[0] != want[0] {
 		t.Errorf("reported %d hashes, want the prompt's %d", len(got), len(want))
+	}
+	if sent, _ := h.Metric("kvroute.reports.sent"); sent == 0 {
+		t.Error("kvroute.reports.sent is 0 after a batch reached cachesync")
+	}
+	if errs, _ := h.Metric("kvroute.reports.errors"); errs != 0 {
+		t.Errorf("kvroute.reports.errors = %d for batches cachesync accepted", errs)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/syncapi"
 	"github.com/tidwall/gjson"
 )
 
@@ -187,7 +188,7 @@ func (c *config) set(field string, v gjson.Result) error {
 			return fieldErr(field, "want an object")
 		}
 		c.cachesync = &cachesyncConfig{
-			authority: "cachesync", snapshotPath: "/v1/snapshot", reportPath: "/v1/reports",
+			authority: "cachesync", snapshotPath: syncapi.SnapshotPath, reportPath: syncapi.ReportPath,
 			timeout: 2 * time.Second,
 		}
 		return eachField(v, "cachesync.", c.set)

@@ -11,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/shared/approx"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
+	"github.com/kvroute/kvroute/shared/syncapi"
 )
 
 // Shared-data and queue names, scoped by Envoy to the plugin's vm_id.
@@ -50,8 +51,10 @@ type syncer struct {
 
 	local *localIndex
 	// failing is set from a failed fetch until the next good one, so an
-	// unreachable cachesync logs once, not every tick.
-	failing bool
+	// unreachable cachesync logs once, not every tick; refusing likewise
+	// for report batches.
+	failing  bool
+	refusing bool
 }
 
 // fetchFailed counts a failed fetch and logs the first of a run.
@@ -165,10 +168,9 @@ func (s *syncer) fetch() {
 	if m := s.view.Manifest(); m != nil && !s.full {
 		since = m.Generation()
 	}
-	path := c.snapshotPath + "?since=" + strconv.FormatUint(since, 10)
-	headers := [][2]string{{":method", "GET"}, {":path", path}, {":authority", c.authority}}
+	headers := [][2]string{{":method", "GET"}, {":path", syncapi.SnapshotQuery(c.snapshotPath, since)}, {":authority", c.authority}}
 	if since > 0 {
-		headers = append(headers, [2]string{"if-none-match", `"` + strconv.FormatUint(since, 10) + `"`})
+		headers = append(headers, [2]string{"if-none-match", syncapi.ETag(since)})
 	}
 	_, err := proxywasm.DispatchHttpCall(c.cluster, headers, nil, nil, uint32(c.timeout.Milliseconds()), s.onSnapshot)
 	if err != nil {
@@ -184,14 +186,13 @@ func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 		s.fetchFailed("fetch snapshot: no response from cachesync")
 		return
 	}
-	status, _ := callStatus()
-	switch status {
-	case "304":
+	switch status := callStatus(); status {
+	case syncapi.StatusNotModified:
 		s.fetchSucceeded()
 		return
-	case "200":
+	case syncapi.StatusSnapshot:
 	default:
-		s.fetchFailed("fetch snapshot: cachesync answered " + status)
+		s.fetchFailed("fetch snapshot: cachesync answered " + strconv.Itoa(status))
 		return
 	}
 	if cap(s.fetchBuf) < bodySize {
@@ -211,17 +212,20 @@ func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 	s.refresh(time.Now())
 }
 
-func callStatus() (string, error) {
+// callStatus returns the status of the callout response at hand, 0 when
+// there is none or it is not a status.
+func callStatus() int {
 	hs, err := proxywasm.GetHttpCallResponseHeaders()
 	if err != nil {
-		return "", err
+		return 0
 	}
 	for _, h := range hs {
 		if h[0] == ":status" {
-			return h[1], nil
+			n, _ := syncapi.ParseStatus(h[1])
+			return n
 		}
 	}
-	return "", types.ErrorStatusNotFound
+	return 0
 }
 
 // store verifies a bundle and writes its parts to shared data, the head
@@ -256,24 +260,40 @@ func (s *syncer) forwardReports() {
 	}
 	headers := [][2]string{
 		{":method", "POST"}, {":path", c.reportPath}, {":authority", c.authority},
-		{"content-type", "application/octet-stream"},
-		{"authorization", "Bearer " + c.reportToken},
+		{"content-type", syncapi.ContentType},
+		{"authorization", syncapi.Bearer(c.reportToken)},
 	}
 	n := s.reports.Len()
 	_, err := proxywasm.DispatchHttpCall(c.cluster, headers, s.reports.Bytes(), nil, uint32(c.timeout.Milliseconds()),
 		func(numHeaders, _, _ int) {
-			if status, _ := callStatus(); numHeaders == 0 || status != "204" && status != "200" {
-				s.m.reportErrors.Increment(1)
-				if numHeaders != 0 {
-					proxywasm.LogWarn("kvroute: cachesync refused reports: " + status)
-				}
+			if numHeaders == 0 {
+				s.reportsFailed("no response from cachesync")
+				return
+			}
+			if status := callStatus(); !syncapi.ReportAccepted(status) {
+				s.reportsFailed("cachesync refused them with status " + strconv.Itoa(status))
+				return
+			}
+			if s.refusing {
+				s.refusing = false
+				proxywasm.LogInfo("kvroute: cachesync takes routing reports again")
 			}
 		})
 	if err != nil {
-		s.m.reportErrors.Increment(1)
+		s.reportsFailed("dispatch to cluster " + c.cluster + ": " + err.Error())
 		return
 	}
 	s.m.reported.Increment(uint64(n))
+}
+
+// reportsFailed counts a report batch that did not reach cachesync and
+// logs the first of a run.
+func (s *syncer) reportsFailed(why string) {
+	s.m.reportErrors.Increment(1)
+	if !s.refusing {
+		s.refusing = true
+		proxywasm.LogWarn("kvroute: routing reports lost: " + why + "; approximate engines learn nothing until they flow again")
+	}
 }
 
 // drainReports moves queued report records into s.reports.

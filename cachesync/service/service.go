@@ -1,4 +1,5 @@
-// Package service is cachesync's HTTP API:
+// Package service is cachesync's HTTP API; the snapshot and report
+// endpoints follow the contract in shared/syncapi:
 //
 //	GET  /v1/snapshot?since=<generation>  the latest snapshot as a transport bundle
 //	POST /v1/reports                      routing reports from gateways (bearer token)
@@ -39,13 +40,14 @@ import (
 	"github.com/kvroute/kvroute/cachesync/index"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
+	"github.com/kvroute/kvroute/shared/syncapi"
 )
 
 // Defaults for Config.
 const (
 	// DefaultMaxReportBytes fits a full batch of DefaultMaxRecords records
 	// of 125 blocks (8 KB prompts); longer prompts fill it with fewer.
-	DefaultMaxReportBytes = 16 << 20
+	DefaultMaxReportBytes = syncapi.MaxReportBytes
 	DefaultShutdownGrace  = 10 * time.Second
 )
 
@@ -164,8 +166,8 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("/v1/snapshot", s.snapshot)
-	s.mux.HandleFunc("/v1/reports", s.reports)
+	s.mux.HandleFunc(syncapi.SnapshotPath, s.snapshot)
+	s.mux.HandleFunc(syncapi.ReportPath, s.reports)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { text(w, http.StatusOK, "ok") })
 	s.mux.HandleFunc("GET /readyz", s.readyz)
@@ -236,7 +238,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var since uint64
-	if q := r.URL.Query().Get("since"); q != "" {
+	if q := r.URL.Query().Get(syncapi.SinceParam); q != "" {
 		var err error
 		if since, err = strconv.ParseUint(q, 10, 64); err != nil {
 			s.m.requests.WithLabelValues("bad_request").Inc()
@@ -251,7 +253,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 		text(w, http.StatusServiceUnavailable, "no snapshot built yet")
 		return
 	}
-	etag := `"` + strconv.FormatUint(im.Generation(), 10) + `"`
+	etag := syncapi.ETag(im.Generation())
 	h := w.Header()
 	h.Set("ETag", etag)
 	h.Set("Cache-Control", "no-cache")
@@ -270,7 +272,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	s.m.requests.WithLabelValues(result).Inc()
 	s.m.sent.Add(float64(len(body)))
-	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Type", syncapi.ContentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	_, _ = w.Write(body)
 }
@@ -383,11 +385,11 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 // authorized checks an Authorization header against the token in constant
 // time: both sides are hashed first, so not even the length leaks.
 func (s *Server) authorized(header string) bool {
-	scheme, cred, ok := strings.Cut(header, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
+	cred, ok := syncapi.ParseBearer(header)
+	if !ok {
 		return false
 	}
-	sum := sha256.Sum256([]byte(strings.TrimSpace(cred)))
+	sum := sha256.Sum256([]byte(cred))
 	return subtle.ConstantTimeCompare(sum[:], s.token[:]) == 1
 }
 
