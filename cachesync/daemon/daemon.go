@@ -12,6 +12,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -48,7 +49,18 @@ type Daemon struct {
 	engines map[string]*engine
 	scraper *scrape.Scraper
 	gone    engineStats // counters of engines removed, so totals never fall
+
+	// listeners are the bound sockets of engines whose publishers connect,
+	// by endpoint; they live as long as Run.
+	listeners map[string]*kvevents.Listener
+	// silence is eventSilence, shorter in tests.
+	silence time.Duration
 }
+
+// eventSilence is how long an engine configured for KV events may serve
+// requests without sending one before cachesync says so: every request
+// an engine serves with prefix caching on stores or reuses blocks.
+const eventSilence = 30 * time.Second
 
 // engine is the daemon's state for one discovered engine.
 type engine struct {
@@ -61,6 +73,12 @@ type engine struct {
 	wg      sync.WaitGroup
 	subs    []*kvevents.Subscriber
 	bridges []*bridge.Engine
+	// When its events started and how many requests it had served then;
+	// silent is set once the engine has served requests for eventSilence
+	// without a batch, and logged.
+	eventsFrom time.Time
+	servedFrom float64
+	silent     bool
 }
 
 // New builds the daemon's components and opens its listener.
@@ -71,7 +89,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, log: log, reg: prometheus.NewRegistry(),
 		scrapes: make(chan scrape.State, 256), discovered: make(chan struct{}),
-		engines: map[string]*engine{},
+		engines: map[string]*engine{}, listeners: map[string]*kvevents.Listener{}, silence: eventSilence,
 	}
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if cfg.Tokenizer != "" {
@@ -125,6 +143,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 				cancel()
 			}
 		}()
+	}
+	for _, ep := range d.cfg.Events.ListenEndpoints() {
+		if _, err := d.listener(ctx, ep); err != nil {
+			return err
+		}
 	}
 	run("index", d.ix.Run)
 	run("api", func(ctx context.Context) error { return d.svc.Serve(ctx, d.ln) })
@@ -256,6 +279,46 @@ func (d *Daemon) applyScrape(ctx context.Context, st scrape.State) {
 	if e.precise && !e.started && len(st.Models) > 0 {
 		d.startEvents(ctx, e, st)
 	}
+	if e.started && !e.silent && e.subs != nil {
+		d.checkSilence(e, st)
+	}
+}
+
+// checkSilence warns, once, about an engine that serves requests but sends
+// no KV events: its routing silently degrades to load alone. An idle
+// engine sends none and is not warned about.
+func (d *Daemon) checkSilence(e *engine, st scrape.State) {
+	if st.Served <= e.servedFrom || time.Since(e.eventsFrom) < d.silence {
+		return
+	}
+	for _, sub := range e.subs {
+		if sub.Stats().Batches > 0 {
+			return
+		}
+	}
+	e.silent = true
+	hint := "its publisher binds (an endpoint with * or ::): check the port, or whether it connects elsewhere"
+	if e.d.Events[0].Listen {
+		hint = "its publisher must connect to this endpoint (an endpoint naming cachesync's host) with a topic kv@<its ip>@<model>"
+	}
+	d.log.Warn("engine serves requests but has sent no KV events; it is routed by load alone",
+		"engine", e.d.Addr, "events", e.d.Events[0].Pub, "listen", e.d.Events[0].Listen,
+		"served", st.Served-e.servedFrom, "for", time.Since(e.eventsFrom).Round(time.Second), "hint", hint)
+}
+
+// listener returns the bound socket for publishers connecting to endpoint,
+// binding it on first use.
+func (d *Daemon) listener(ctx context.Context, endpoint string) (*kvevents.Listener, error) {
+	if l := d.listeners[endpoint]; l != nil {
+		return l, nil
+	}
+	l, err := kvevents.Listen(ctx, endpoint, d.cfg.Topic, d.log)
+	if err != nil {
+		return nil, fmt.Errorf("events-listen: %w", err)
+	}
+	d.listeners[endpoint] = l
+	d.log.Info("listening for KV-event publishers that connect", "endpoint", endpoint, "addr", l.Addr())
+	return l, nil
 }
 
 // update publishes e's last scrape, with discovery's draining on top.
@@ -284,7 +347,9 @@ func (d *Daemon) startEvents(ctx context.Context, e *engine, st scrape.State) {
 	} else {
 		sinks = newRanks(sink, len(e.d.Events)).rank
 	}
+	runCtx := ctx
 	ctx, e.cancel = context.WithCancel(ctx)
+	e.eventsFrom, e.servedFrom = time.Now(), st.Served
 	model := st.Models[0]
 	capacity := 0
 	if st.NumBlocks > 0 {
@@ -294,9 +359,14 @@ func (d *Daemon) startEvents(ctx context.Context, e *engine, st scrape.State) {
 	for i, ev := range e.d.Events {
 		log := d.log.With("engine", e.d.Addr, "rank", ev.Rank)
 		br, err := bridge.New(bridge.Config{Model: model, Vocab: d.vocab, Hash: d.cfg.Hash, Capacity: capacity, Logger: log}, sinks(i))
+		cfg := kvevents.Config{Endpoint: ev.Pub, ReplayEndpoint: ev.Replay, Topic: d.cfg.Topic, Logger: log}
+		if err == nil && ev.Listen {
+			cfg.Engine = e.d.Addr
+			cfg.Listener, err = d.listener(runCtx, ev.Pub)
+		}
 		if err == nil {
 			var sub *kvevents.Subscriber
-			sub, err = kvevents.New(kvevents.Config{Endpoint: ev.Pub, ReplayEndpoint: ev.Replay, Topic: d.cfg.Topic, Logger: log}, br)
+			sub, err = kvevents.New(cfg, br)
 			if err == nil {
 				e.bridges = append(e.bridges, br)
 				e.subs = append(e.subs, sub)

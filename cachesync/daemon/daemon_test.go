@@ -5,12 +5,15 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/cachesync/discovery"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -291,4 +294,113 @@ func get(t *testing.T, url string) string {
 		return ""
 	}
 	return string(b)
+}
+
+// syncLog collects log lines for a test to search.
+type syncLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestPreciseIndexFromConnectingPublishers: engines whose KV-event
+// endpoint names cachesync's host (so vLLM's publisher connects) share the
+// socket cachesync binds, each publishing under kv@<its ip>@<model>; each
+// engine's blocks land on its own row. A third engine's publisher connects
+// somewhere else (a misconfigured endpoint): it serves requests without a
+// single event reaching cachesync, and cachesync says so, once.
+func TestPreciseIndexFromConnectingPublishers(t *testing.T) {
+	listen := "tcp://127.0.0.1:" + strconv.Itoa(freePort(t))
+	elsewhere := "tcp://127.0.0.1:" + strconv.Itoa(freePort(t))
+	var es []*vllmsim.Engine
+	var spec []string
+	for i, pub := range []string{listen, listen, elsewhere} {
+		host := "127.0.0." + strconv.Itoa(i+2)
+		kv := vllmsim.KVEventsConfig{EnableKVCacheEvents: true, Endpoint: pub, Topic: "kv@" + host + "@" + model}
+		if pub == listen {
+			kv.ReplayEndpoint = "tcp://" + host + ":*"
+		}
+		e, err := vllmsim.Start(t.Context(), vllmsim.Config{Host: host, Model: model, NumGPUBlocks: 256, TimeScale: 0.001, KVEvents: kv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		es = append(es, e)
+		s := e.Addr() + "?events=listen"
+		if kv.ReplayEndpoint != "" {
+			s += "&replay=" + e.ReplayEndpoint()
+		}
+		spec = append(spec, s)
+	}
+	logs := &syncLog{}
+	cfg := Config{Engines: strings.Join(spec, ","), Tokenizer: "cl100k_base", Events: discovery.EventPorts{Listen: listen}}
+	cfg.Listen = "127.0.0.1:0"
+	cfg.SyncInterval, cfg.ScrapeInterval, cfg.ScrapeMisses = 50*time.Millisecond, 100*time.Millisecond, 2
+	cfg.Hash = blockhash.Config{BlockSize: blockhash.DefaultBlockSize, MaxBlocks: blockhash.DefaultMaxBlocks}
+	cfg.BytesPerToken, cfg.LogFormat = 4, "text"
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.silence = time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	})
+	f := newFetcher(t, d.Addr())
+
+	for i, e := range es[:2] {
+		body := chat(t, e.URL(), strings.Repeat("Tenant "+strconv.Itoa(i)+" audits invoices. ", 30), "first question")
+		hashes := filterHashes(t, body)
+		eventually(t, "engine "+strconv.Itoa(i)+"'s prefix in the snapshot", func() bool {
+			f.sync()
+			return f.holds(e.Addr(), hashes) >= len(hashes)*3/4
+		})
+		if n := f.holds(es[1-i].Addr(), hashes); n != 0 {
+			t.Errorf("engine %d holds %d blocks engine %d computed", 1-i, n, i)
+		}
+	}
+	const warning = "engine serves requests but has sent no KV events"
+	if strings.Contains(logs.String(), warning) {
+		t.Fatalf("warned about silence before the silent engine served anything:\n%s", logs)
+	}
+	chat(t, es[2].URL(), strings.Repeat("Nobody hears this engine. ", 30), "q")
+	eventually(t, "the warning about the silent engine", func() bool {
+		chat(t, es[2].URL(), "again", "q")
+		return strings.Contains(logs.String(), warning)
+	})
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, warning) && !strings.Contains(line, es[2].Addr()) {
+			t.Errorf("warned about an engine whose events flow: %s", line)
+		}
+	}
+	if n := strings.Count(logs.String(), warning); n != 1 {
+		t.Errorf("warned %d times, want once", n)
+	}
 }

@@ -8,6 +8,7 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -35,8 +36,12 @@ type Engine struct {
 
 // EventEndpoint is the pair of ZeroMQ sockets of one data-parallel rank.
 type EventEndpoint struct {
-	Rank   int
-	Pub    string // PUB socket, e.g. tcp://10.0.0.1:5557
+	Rank int
+	// Pub is the engine's PUB socket, e.g. tcp://10.0.0.1:5557, which
+	// cachesync connects to; with Listen, the local endpoint cachesync
+	// binds and the engine's PUB connects to, e.g. tcp://0.0.0.0:5557.
+	Pub    string
+	Listen bool
 	Replay string // replay ROUTER socket; "" when the engine has none
 }
 
@@ -56,13 +61,22 @@ var (
 	_ Source = (*Kubernetes)(nil)
 )
 
-// EventPorts places an engine's KV-event sockets on its own IP, as vLLM
-// and SGLang lay them out: rank r of a data-parallel engine binds the
-// configured ports plus r.
+// EventPorts places an engine's KV-event sockets, as vLLM and SGLang lay
+// them out: rank r of a data-parallel engine uses the configured ports
+// plus r.
+//
+// Which side binds is the engine's choice: vLLM's publisher binds when its
+// endpoint has "*" or "::" in it (its default, tcp://*:5557) and connects
+// otherwise. Pub is for engines that bind (cachesync connects to the port
+// on each engine's IP); Listen is for engines that connect (cachesync binds
+// it, and the engines' endpoints name cachesync).
 type EventPorts struct {
-	// Pub is rank 0's PUB port (vLLM's default endpoint is tcp://*:5557);
-	// 0 means the engines publish no events.
+	// Pub is rank 0's PUB port on each engine's IP; 0 means the engines'
+	// publishers do not bind.
 	Pub int
+	// Listen is rank 0's endpoint that cachesync binds for publishers that
+	// connect, e.g. tcp://0.0.0.0:5557; "" means none.
+	Listen string
 	// Replay is rank 0's replay ROUTER port; 0 means no replay socket.
 	Replay int
 	// DPSize is the number of data-parallel ranks; 0 means 1.
@@ -76,24 +90,78 @@ func (p EventPorts) Validate() error {
 		return fmt.Errorf("discovery: events port %d, replay port %d, data-parallel size %d: want ports 0 to 65535 and a size 0 to 1024",
 			p.Pub, p.Replay, p.DPSize)
 	}
-	if err := p.sockets(netip.IPv4Unspecified()).validate(); err != nil {
+	if p.Listen != "" {
+		if p.Pub != 0 {
+			return errors.New("discovery: an events port (cachesync connects) and an events listen endpoint (engines connect) together: engines do one or the other")
+		}
+		if _, _, err := listenEndpoint(p.Listen); err != nil {
+			return fmt.Errorf("discovery: %w", err)
+		}
+	}
+	s, err := p.sockets(netip.IPv4Unspecified())
+	if err == nil {
+		err = s.validate()
+	}
+	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
 	return nil
 }
 
-func (p EventPorts) sockets(ip netip.Addr) sockets {
+func (p EventPorts) sockets(ip netip.Addr) (sockets, error) {
 	h := ip.String()
-	return sockets{pubHost: h, pub: p.Pub, replayHost: h, replay: p.Replay, dp: p.DPSize}
+	s := sockets{pubHost: h, pub: p.Pub, replayHost: h, replay: p.Replay, dp: p.DPSize}
+	if p.Listen != "" {
+		var err error
+		s.listen = true
+		if s.pubHost, s.pub, err = listenEndpoint(p.Listen); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
 }
 
-// endpoints returns the sockets of an engine at ip.
-func (p EventPorts) endpoints(ip netip.Addr) []EventEndpoint { return p.sockets(ip).endpoints() }
+// ListenEndpoints returns the endpoints cachesync binds for publishers that
+// connect, one per data-parallel rank; none without Listen. p has been
+// validated.
+func (p EventPorts) ListenEndpoints() []string {
+	if p.Listen == "" {
+		return nil
+	}
+	s, _ := p.sockets(netip.IPv4Unspecified())
+	var out []string
+	for _, ep := range s.endpoints() {
+		out = append(out, ep.Pub)
+	}
+	return out
+}
+
+// listenEndpoint parses an endpoint cachesync binds: tcp://HOST:PORT, where
+// HOST may be ZeroMQ's wildcard "*".
+func listenEndpoint(v string) (string, int, error) {
+	rest, ok := strings.CutPrefix(v, "tcp://")
+	host, port, err := net.SplitHostPort(rest)
+	if !ok || err != nil || host == "" {
+		return "", 0, fmt.Errorf("events listen endpoint %q: want tcp://HOST:PORT, e.g. tcp://0.0.0.0:5557", v)
+	}
+	n, err := portOf(port)
+	if err != nil {
+		return "", 0, fmt.Errorf("events listen endpoint %q: %w", v, err)
+	}
+	return host, n, nil
+}
+
+// endpoints returns the sockets of an engine at ip; p has been validated.
+func (p EventPorts) endpoints(ip netip.Addr) []EventEndpoint {
+	s, _ := p.sockets(ip)
+	return s.endpoints()
+}
 
 // sockets says where one engine's event sockets are.
 type sockets struct {
 	pubHost    string
-	pub        int // 0: no events
+	pub        int  // 0: no events
+	listen     bool // cachesync binds pubHost:pub, the engine connects
 	replayHost string
 	replay     int // 0: no replay
 	dp         int
@@ -105,7 +173,7 @@ func (s sockets) endpoints() []EventEndpoint {
 	}
 	eps := make([]EventEndpoint, max(s.dp, 1))
 	for r := range eps {
-		eps[r] = EventEndpoint{Rank: r, Pub: tcp(s.pubHost, s.pub+r)}
+		eps[r] = EventEndpoint{Rank: r, Pub: tcp(s.pubHost, s.pub+r), Listen: s.listen}
 		if s.replay != 0 {
 			eps[r].Replay = tcp(s.replayHost, s.replay+r)
 		}

@@ -296,3 +296,20 @@ func TestDNSStopsWithContext(t *testing.T) {
 		t.Fatal("Run did not return after ctx ended")
 	}
 }
+
+// TestDNSPublishersConnect: engines whose publishers connect all name
+// cachesync's listen endpoint; their replay sockets stay on their own IPs.
+func TestDNSPublishersConnect(t *testing.T) {
+	srv := startDNS(t)
+	const name = "vllm.kvroute.test."
+	srv.set(func(s *dnsServer) { s.ips[name] = addrs("127.0.0.11", "127.0.0.12") })
+	d := &DNS{Name: name, Port: 8000, Events: EventPorts{Listen: "tcp://0.0.0.0:5557", Replay: 5600},
+		Interval: 20 * time.Millisecond, Resolver: srv.resolver(), Logger: discard}
+	want := []Engine{
+		{Addr: "127.0.0.11:8000", Name: name, Events: []EventEndpoint{{Pub: "tcp://0.0.0.0:5557", Listen: true, Replay: "tcp://127.0.0.11:5600"}}},
+		{Addr: "127.0.0.12:8000", Name: name, Events: []EventEndpoint{{Pub: "tcp://0.0.0.0:5557", Listen: true, Replay: "tcp://127.0.0.12:5600"}}},
+	}
+	if got := next(t, runSource(t, d)); !reflect.DeepEqual(got, want) {
+		t.Fatalf("got  %+v\nwant %+v", got, want)
+	}
+}

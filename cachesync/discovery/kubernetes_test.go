@@ -179,6 +179,7 @@ func TestKubernetesConfigErrors(t *testing.T) {
 		{Namespace: "llm", Service: "vllm"},
 		{Client: client, Service: "vllm"},
 		{Client: client, Namespace: "llm", Service: "vllm", Events: EventPorts{Pub: 70000}},
+		{Client: client, Namespace: "llm", Service: "vllm", Events: EventPorts{Pub: 5557, Listen: "tcp://*:5557"}},
 	} {
 		if err := k.Run(context.Background(), nil); err == nil {
 			t.Errorf("Run(%+v) started", k)

@@ -32,16 +32,21 @@ func (s *Static) Counters() Counters { return s.c.load() }
 // Each engine is its HTTP address, optionally followed by options in URL
 // query form:
 //
-//	ip:port[?events=PORT|tcp://HOST:PORT][&replay=PORT|tcp://HOST:PORT][&dp=N]
+//	ip:port[?events=PORT|tcp://HOST:PORT|listen|listen:tcp://HOST:PORT][&replay=PORT|tcp://HOST:PORT][&dp=N]
 //
 // events and replay give rank 0's PUB and replay sockets, as a port on
-// the engine's IP or as an endpoint of their own; events=0 turns events
-// off for that engine. dp is the number of data-parallel ranks; rank r
-// uses both ports plus r. Options not given come from def. Examples:
+// the engine's IP or as an endpoint of their own, for engines whose
+// publisher binds. events=listen is for an engine whose publisher
+// connects: cachesync binds def.Listen (listen:ENDPOINT names another),
+// shared by every such engine and told apart by topic. events=0 turns
+// events off for that engine. dp is the number of data-parallel ranks;
+// rank r uses both ports plus r. Options not given come from def.
+// Examples:
 //
 //	10.0.0.1:8000,10.0.0.2:8000
 //	10.0.0.1:8000?events=5557&replay=5600&dp=2
 //	[fd00::7]:8000?events=tcp://[fd00::7]:6000
+//	10.0.0.3:8000?events=listen:tcp://0.0.0.0:5557&replay=5558
 func ParseStatic(spec string, def EventPorts) ([]Engine, error) {
 	if err := def.Validate(); err != nil {
 		return nil, err
@@ -76,7 +81,10 @@ func parseEngine(item string, def EventPorts) (Engine, error) {
 		return Engine{}, fmt.Errorf("discovery: engine %s: options %q: %w", addr, opts, err)
 	}
 	host := ap.Addr().String()
-	s := def.sockets(ap.Addr())
+	s, err := def.sockets(ap.Addr())
+	if err != nil {
+		return Engine{}, fmt.Errorf("discovery: %w", err)
+	}
 	for k, vs := range q {
 		if len(vs) != 1 {
 			return Engine{}, fmt.Errorf("discovery: engine %s: option %s given %d times", addr, k, len(vs))
@@ -91,7 +99,22 @@ func parseEngine(item string, def EventPorts) (Engine, error) {
 				}
 				continue
 			}
-			s.pubHost, s.pub, err = socket(v, host)
+			if ep, ok := strings.CutPrefix(v, "listen"); ok {
+				s.listen = true
+				switch {
+				case ep == "" && def.Listen == "":
+					err = errors.New("events=listen: no events listen endpoint is configured (-events-listen); name one with events=listen:tcp://HOST:PORT")
+				case ep == "":
+					s.pubHost, s.pub, err = listenEndpoint(def.Listen)
+				case strings.HasPrefix(ep, ":"):
+					s.pubHost, s.pub, err = listenEndpoint(ep[1:])
+				default:
+					err = fmt.Errorf("events=%s: want listen or listen:tcp://HOST:PORT", v)
+				}
+			} else {
+				s.listen = false
+				s.pubHost, s.pub, err = socket(v, host)
+			}
 		case "replay":
 			s.replayHost, s.replay, err = socket(v, host)
 		case "dp":

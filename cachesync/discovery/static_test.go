@@ -37,6 +37,22 @@ func TestParseStatic(t *testing.T) {
 			{Addr: "127.0.0.3:8000", Events: []EventEndpoint{{Rank: 0, Pub: "tcp://127.0.0.3:5557", Replay: "tcp://127.0.0.3:5600"}}},
 		}},
 		{"mapped IPv4 unmapped", "[::ffff:127.0.0.1]:8000", EventPorts{}, []Engine{{Addr: "127.0.0.1:8000"}}},
+		{"publishers connect to the default listen endpoint", "10.0.0.1:8000,10.0.0.2:8000?events=5557",
+			EventPorts{Listen: "tcp://*:5557", Replay: 5600, DPSize: 2}, []Engine{
+				{Addr: "10.0.0.1:8000", Events: []EventEndpoint{
+					{Rank: 0, Pub: "tcp://*:5557", Listen: true, Replay: "tcp://10.0.0.1:5600"},
+					{Rank: 1, Pub: "tcp://*:5558", Listen: true, Replay: "tcp://10.0.0.1:5601"},
+				}},
+				{Addr: "10.0.0.2:8000", Events: []EventEndpoint{
+					{Rank: 0, Pub: "tcp://10.0.0.2:5557", Replay: "tcp://10.0.0.2:5600"},
+					{Rank: 1, Pub: "tcp://10.0.0.2:5558", Replay: "tcp://10.0.0.2:5601"},
+				}},
+			}},
+		{"one engine's publisher connects", "10.0.0.1:8000?events=listen:tcp://0.0.0.0:6001&replay=5558,10.0.0.2:8000",
+			EventPorts{Pub: 5557}, []Engine{
+				{Addr: "10.0.0.1:8000", Events: []EventEndpoint{{Rank: 0, Pub: "tcp://0.0.0.0:6001", Listen: true, Replay: "tcp://10.0.0.1:5558"}}},
+				{Addr: "10.0.0.2:8000", Events: []EventEndpoint{{Rank: 0, Pub: "tcp://10.0.0.2:5557"}}},
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,6 +74,12 @@ func TestParseStaticErrors(t *testing.T) {
 		want string
 	}{
 		{"", EventPorts{}, "no engines"},
+		{"127.0.0.1:8000?events=listen", EventPorts{}, "no events listen endpoint"},
+		{"127.0.0.1:8000?events=listen:5557", EventPorts{}, "want tcp://HOST:PORT"},
+		{"127.0.0.1:8000?events=listener", EventPorts{}, "want listen or listen:tcp"},
+		{"127.0.0.1:8000?events=listen:tcp://:5557", EventPorts{}, "want tcp://HOST:PORT"},
+		{"127.0.0.1:8000", EventPorts{Pub: 5557, Listen: "tcp://*:5557"}, "engines do one or the other"},
+		{"127.0.0.1:8000", EventPorts{Listen: "0.0.0.0:5557"}, "want tcp://HOST:PORT"},
 		{"vllm-0.vllm:8000", EventPorts{}, "want ip:port"},
 		{"127.0.0.1", EventPorts{}, "want ip:port"},
 		{"127.0.0.1:0", EventPorts{}, "port 0"},

@@ -64,11 +64,15 @@ type fakeOpts struct {
 	noTopic   bool
 	mute      bool
 	buffer    int
+	topic     string // default kv@test
 }
 
 func startFake(t *testing.T, o fakeOpts) *fakeEngine {
 	t.Helper()
 	f := &fakeEngine{t: t, topic: []byte("kv@test"), withTopic: !o.noTopic, mute: o.mute, max: o.buffer}
+	if o.topic != "" {
+		f.topic = []byte(o.topic)
+	}
 	if f.max == 0 {
 		f.max = 10000
 	}

@@ -67,6 +67,11 @@ type Config struct {
 	// endpoint per engine and data-parallel rank.
 	Endpoint string
 	Bind     bool
+	// Listener, when set, is a bound socket shared with other engines
+	// whose publishers connect to it; Engine (the engine's ip:port) picks
+	// this engine's messages out by topic. Endpoint is then ignored.
+	Listener *Listener
+	Engine   string
 	// ReplayEndpoint is the engine's replay ROUTER socket; "" when the
 	// engine has none (then lost batches reset the engine).
 	ReplayEndpoint string
@@ -92,6 +97,9 @@ type Config struct {
 }
 
 func (c Config) withDefaults() (Config, error) {
+	if c.Listener != nil {
+		c.Endpoint, c.Bind = c.Listener.Endpoint(), true
+	}
 	if c.Endpoint == "" {
 		return c, errors.New("kvevents: no endpoint")
 	}
@@ -210,7 +218,7 @@ func (s *Subscriber) Stats() Stats {
 func (s *Subscriber) Run(ctx context.Context) error {
 	wait := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		sock, err := s.open(ctx)
+		src, err := s.open(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -222,7 +230,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		wait = 100 * time.Millisecond
 		s.c.connects.Add(1)
-		err = s.serve(ctx, sock)
+		err = s.serve(ctx, src)
 		if ctx.Err() != nil {
 			break
 		}
@@ -241,23 +249,45 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// open makes the SUB socket, subscribed, connected or bound. The dial runs
-// apart so that a peer stuck in the ZMTP handshake cannot hold Run past
-// ctx.
-func (s *Subscriber) open(ctx context.Context) (zmq4.Socket, error) {
+// source is where a subscriber's messages come from: its own connected
+// socket, or a bound one (its own or shared).
+type source struct {
+	in    <-chan received
+	close func()
+	// alone reports whether a connection error on a bound socket can only
+	// be this engine's (no other engine shares the socket).
+	alone func() bool
+}
+
+// open makes the SUB socket, subscribed, connected or bound, or attaches
+// to the shared Listener. The dial runs apart so that a peer stuck in the
+// ZMTP handshake cannot hold Run past ctx.
+func (s *Subscriber) open(ctx context.Context) (source, error) {
+	switch {
+	case s.cfg.Listener != nil:
+		in, detach, alone, err := s.cfg.Listener.attach(s.cfg.Engine, s.cfg.Queue)
+		return source{in, detach, alone}, err
+	case s.cfg.Bind:
+		lctx, cancel := context.WithCancel(ctx)
+		l, err := Listen(lctx, s.cfg.Endpoint, s.cfg.Topic, s.log)
+		if err != nil {
+			cancel()
+			return source{}, err
+		}
+		in, detach, alone, err := l.attach("", s.cfg.Queue)
+		if err != nil {
+			cancel()
+			return source{}, err
+		}
+		return source{in, func() { detach(); cancel(); <-l.done }, alone}, nil
+	}
 	sock := zmq4.NewSub(ctx, s.zlog, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout))
 	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		sock.Close()
-		return nil, fmt.Errorf("kvevents: subscribe: %w", err)
+		return source{}, fmt.Errorf("kvevents: subscribe: %w", err)
 	}
 	done := make(chan error, 1)
-	go func() {
-		if s.cfg.Bind {
-			done <- sock.Listen(s.cfg.Endpoint)
-		} else {
-			done <- sock.Dial(s.cfg.Endpoint)
-		}
-	}()
+	go func() { done <- sock.Dial(s.cfg.Endpoint) }()
 	t := time.NewTimer(s.cfg.ReplayTimeout + time.Second)
 	defer t.Stop()
 	var err error
@@ -270,22 +300,8 @@ func (s *Subscriber) open(ctx context.Context) (zmq4.Socket, error) {
 	}
 	if err != nil {
 		sock.Close()
-		return nil, fmt.Errorf("kvevents: %s: %w", s.cfg.Endpoint, err)
+		return source{}, fmt.Errorf("kvevents: %s: %w", s.cfg.Endpoint, err)
 	}
-	return sock, nil
-}
-
-// received is one message or receive error from the SUB socket.
-type received struct {
-	msg zmq4.Msg
-	err error
-}
-
-// serve applies messages from sock until the connection fails (a connected
-// socket) or ctx is done. A bound socket outlives its peers: a peer's
-// connection failing means the engine may have restarted, so it catches up
-// and goes on.
-func (s *Subscriber) serve(ctx context.Context, sock zmq4.Socket) error {
 	stop := make(chan struct{})
 	in := make(chan received, s.cfg.Queue)
 	recvDone := make(chan struct{})
@@ -294,26 +310,36 @@ func (s *Subscriber) serve(ctx context.Context, sock zmq4.Socket) error {
 		for {
 			m, err := sock.Recv()
 			select {
-			case <-stop:
-				return
-			default:
-			}
-			select {
 			case in <- received{m, err}:
 			case <-stop:
 				return
 			}
-			if err != nil && !s.cfg.Bind {
+			if err != nil {
 				return
 			}
 		}
 	}()
-	defer func() {
+	closeFn := func() {
 		close(stop)
 		sock.Close()
 		<-recvDone
-	}()
+	}
+	return source{in: in, close: closeFn}, nil
+}
 
+// received is one message or receive error from the SUB socket.
+type received struct {
+	msg zmq4.Msg
+	err error
+}
+
+// serve applies messages from src until the connection fails (a connected
+// socket) or ctx is done. A bound socket outlives its peers: a peer's
+// connection failing means the engine may have restarted, so it catches up
+// and goes on.
+func (s *Subscriber) serve(ctx context.Context, src source) error {
+	defer src.close()
+	in := src.in
 	s.haveWire = false
 	s.catchUp(ctx, true)
 	// Batches the engine sends before the subscription reaches it are
@@ -326,12 +352,19 @@ func (s *Subscriber) serve(ctx context.Context, sock zmq4.Socket) error {
 			return ctx.Err()
 		case r := <-in:
 			if r.err != nil {
-				if !s.cfg.Bind {
+				if src.alone == nil {
 					return r.err
 				}
-				s.log.Info("kv events: engine connection closed; checking for a restart", "err", r.err)
-				s.haveWire = false
-				s.catchUp(ctx, true)
+				// On a shared socket the publisher that went away may be
+				// another engine's: check this one, but without replay its
+				// continuity is not in doubt; a restart shows anyway as its
+				// sequence going back.
+				alone := src.alone()
+				s.log.Info("kv events: a publisher's connection closed; checking for a restart", "err", r.err, "shared", !alone)
+				if alone {
+					s.haveWire = false
+				}
+				s.catchUp(ctx, alone)
 			} else {
 				s.live(ctx, r.msg)
 			}
@@ -428,6 +461,9 @@ func (s *Subscriber) catchUp(ctx context.Context, lost bool) {
 	if err == nil && why < numReasons {
 		s.log.Info("kv events: replay does not continue the applied stream", "reason", why)
 		s.reset(why)
+		// The live stream's watermark was the old stream's: the new one
+		// starting lower is what this reset already accounts for.
+		s.haveWire = false
 		_, err = s.replayFrom(ctx, false)
 	}
 	if err != nil {

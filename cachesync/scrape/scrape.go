@@ -83,6 +83,10 @@ type State struct {
 	BlockSize, NumBlocks, KVCapacity int
 	// Rate is the prefill rate to publish, calibrated or default.
 	Rate calibrate.Rate
+	// Served counts the requests the engine has taken past their first
+	// token since it started: work it did, whatever its load gauges say
+	// between two scrapes.
+	Served float64
 	// Misses counts the failed scrapes since the last success.
 	Misses int
 	// Err is the last scrape's error, "" after a success.
@@ -114,7 +118,7 @@ func (s *State) shows(o *State) bool {
 	return s.Health == o.Health && s.Kind == o.Kind && slices.Equal(s.Models, o.Models) &&
 		slices.Equal(s.Adapters, o.Adapters) && s.Running == o.Running && s.Waiting == o.Waiting &&
 		s.KVCacheUsage == o.KVCacheUsage && s.BlockSize == o.BlockSize && s.NumBlocks == o.NumBlocks &&
-		s.KVCapacity == o.KVCapacity && s.Rate == o.Rate
+		s.KVCapacity == o.KVCapacity && s.Rate == o.Rate && s.Served == o.Served
 }
 
 // Stats are the scraper's running totals and current counts, for export
@@ -350,6 +354,7 @@ func (p *poller) scrape(ctx context.Context) {
 	st.Running, st.Waiting, st.KVCacheUsage = m.Running, m.Waiting, m.KVCacheUsage
 	st.BlockSize, st.NumBlocks, st.KVCapacity = m.BlockSize, m.NumBlocks, m.KVCapacity
 	st.Rate = p.est.Rate()
+	st.Served = m.Requests
 	st.Misses, st.Err, st.Scraped = 0, "", at
 	p.update(st)
 }

@@ -1,0 +1,232 @@
+package kvevents
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// Listener is a bound SUB socket that engines' KV-event publishers connect
+// to. vLLM's publisher binds only when its endpoint has "*" or "::" in it
+// (or is ipc or inproc); an endpoint that names a host, tcp://cachesync:5557
+// say, makes every engine connect there, and one Listener then serves them
+// all.
+//
+// Each message goes to the subscriber its topic names. Engines sharing a
+// Listener must each publish under a topic of the form prefix@HOST@rest,
+// where HOST is the engine's IP or ip:port (llm-d's convention is
+// kv@<pod-ip>@<model>, set per pod with the Kubernetes downward API). A
+// Listener with a single subscriber hands it every message, whatever the
+// topic.
+type Listener struct {
+	endpoint string
+	log      *slog.Logger
+	sock     zmq4.Socket
+
+	mu       sync.Mutex
+	routes   map[string]*route // by the engine's ip:port
+	warned   map[string]bool   // topics no route takes, logged once
+	unrouted atomic.Uint64
+	dropped  atomic.Uint64
+	done     chan struct{}
+}
+
+type route struct {
+	key string
+	ip  netip.Addr
+	c   chan received
+}
+
+// ListenerStats are a Listener's counters.
+type ListenerStats struct {
+	Unrouted uint64 // messages whose topic names no attached engine
+	Dropped  uint64 // messages dropped because their subscriber lagged (replay fills the gap)
+}
+
+// maxWarnedTopics bounds the topics a Listener remembers having logged.
+const maxWarnedTopics = 64
+
+// Listen binds a SUB socket on endpoint (e.g. tcp://0.0.0.0:5557),
+// subscribed to topic ("" for every topic), and serves it until ctx ends.
+func Listen(ctx context.Context, endpoint, topic string, log *slog.Logger) (*Listener, error) {
+	if !strings.Contains(endpoint, "://") {
+		return nil, fmt.Errorf("kvevents: listen endpoint %q: want transport://address, e.g. tcp://0.0.0.0:5557", endpoint)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("listen", endpoint)
+	sock := zmq4.NewSub(ctx, zmq4.WithLogger(slog.NewLogLogger(log.Handler(), slog.LevelDebug)))
+	if err := sock.SetOption(zmq4.OptionSubscribe, topic); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("kvevents: subscribe: %w", err)
+	}
+	if err := sock.Listen(bindable(endpoint)); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("kvevents: listen on %s: %w", endpoint, err)
+	}
+	l := &Listener{
+		endpoint: endpoint, log: log, sock: sock,
+		routes: map[string]*route{}, warned: map[string]bool{}, done: make(chan struct{}),
+	}
+	go l.serve(ctx)
+	go func() {
+		<-ctx.Done()
+		sock.Close()
+	}()
+	return l, nil
+}
+
+// bindable turns ZeroMQ's wildcard host, which vLLM's docs use, into one
+// Go's listener accepts.
+func bindable(endpoint string) string {
+	return strings.Replace(endpoint, "://*:", "://0.0.0.0:", 1)
+}
+
+// Endpoint is the address the Listener was asked to bind.
+func (l *Listener) Endpoint() string { return l.endpoint }
+
+// Addr is the bound address, e.g. 0.0.0.0:5557 (the port chosen for :0).
+func (l *Listener) Addr() string {
+	if a := l.sock.Addr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
+
+// Stats returns the counters.
+func (l *Listener) Stats() ListenerStats {
+	return ListenerStats{Unrouted: l.unrouted.Load(), Dropped: l.dropped.Load()}
+}
+
+// attach routes the messages of the engine at key (its ip:port) to a new
+// channel of queue messages. A connection error (a publisher went away)
+// goes to every subscriber, since nothing says whose it was. detach ends
+// the route; exclusive reports whether the engine is alone on the
+// Listener, so the error was its own.
+func (l *Listener) attach(key string, queue int) (in <-chan received, detach func(), exclusive func() bool, err error) {
+	r := &route{key: key, c: make(chan received, queue)}
+	if key != "" {
+		ap, err := netip.ParseAddrPort(key)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("kvevents: engine %q: want ip:port", key)
+		}
+		r.ip = ap.Addr().Unmap()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, dup := l.routes[key]; dup {
+		return nil, nil, nil, fmt.Errorf("kvevents: engine %q attached twice to %s", key, l.endpoint)
+	}
+	l.routes[key] = r
+	detach = func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.routes[key] == r {
+			delete(l.routes, key)
+		}
+	}
+	exclusive = func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.routes) == 1
+	}
+	return r.c, detach, exclusive, nil
+}
+
+func (l *Listener) serve(ctx context.Context) {
+	defer close(l.done)
+	for {
+		m, err := l.sock.Recv()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil && errors.Is(err, context.Canceled) {
+			return // closed
+		}
+		l.mu.Lock()
+		if err != nil {
+			for _, r := range l.routes {
+				l.offer(r, received{err: err})
+			}
+		} else if r := l.route(m.Frames); r != nil {
+			l.offer(r, received{msg: m})
+		}
+		l.mu.Unlock()
+	}
+}
+
+// offer queues a message without waiting: one lagging engine must not stall
+// the others. A dropped batch shows as a sequence gap, which replay fills.
+func (l *Listener) offer(r *route, m received) {
+	select {
+	case r.c <- m:
+	default:
+		l.dropped.Add(1)
+	}
+}
+
+// route finds the subscriber of a message; l.mu is held.
+func (l *Listener) route(frames [][]byte) *route {
+	if len(l.routes) == 1 {
+		for _, r := range l.routes {
+			return r
+		}
+	}
+	var topic []byte
+	if len(frames) > 0 {
+		topic = frames[0]
+	}
+	if r := l.byTopic(topic); r != nil {
+		return r
+	}
+	if len(l.routes) == 0 {
+		return nil // nobody attached yet, or any more
+	}
+	l.unrouted.Add(1)
+	if t := string(topic); !l.warned[t] && len(l.warned) < maxWarnedTopics {
+		l.warned[t] = true
+		l.log.Warn("kv events: a topic names no engine on this listener; set each engine's topic to kv@<its ip>@<model>",
+			"topic", t, "engines", len(l.routes))
+	}
+	return nil
+}
+
+// byTopic matches the HOST of prefix@HOST@rest to an engine: its ip:port,
+// else the one engine on that IP.
+func (l *Listener) byTopic(topic []byte) *route {
+	_, rest, ok := bytes.Cut(topic, []byte("@"))
+	if !ok {
+		return nil
+	}
+	host, _, _ := bytes.Cut(rest, []byte("@"))
+	if r := l.routes[string(host)]; r != nil {
+		return r
+	}
+	var ip netip.Addr
+	if ap, err := netip.ParseAddrPort(string(host)); err == nil {
+		ip = ap.Addr().Unmap()
+	} else if a, err := netip.ParseAddr(strings.Trim(string(host), "[]")); err == nil {
+		ip = a.Unmap()
+	} else {
+		return nil
+	}
+	var found *route
+	for _, r := range l.routes {
+		if r.ip == ip {
+			if found != nil {
+				return nil // two engines on one IP: the topic must give the port
+			}
+			found = r
+		}
+	}
+	return found
+}
