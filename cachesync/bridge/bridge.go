@@ -17,6 +17,21 @@
 // completed, and which tiers hold it. Text blocks count references, since
 // two engine blocks can complete the same text block (the same text reached
 // through different tokens, or two KV-cache groups).
+//
+// Tiers follow vLLM 0.33's publishers (vllm/distributed/kv_events.py, the
+// GPU block pool and the offloading connector's events):
+//   - A copy is named by its medium, KV-cache group, locality and
+//     ownership (the secondary offloading tier): a removal takes away only
+//     the copy it names, never the LOCAL or primary one beside it.
+//   - The GPU pool announces a block when it is cached and again whenever a
+//     request reuses it, and removes it once: GPU stores are idempotent.
+//   - The offloading connector announces a hash once per chunk that holds
+//     it (chunks overlapping a shared prefix repeat the shared hashes) and
+//     fans each chunk's eviction out to the same hashes: lower-tier copies
+//     count announcements, and go when the last is removed.
+//   - AllBlocksCleared comes from the GPU pool (/reset_prefix_cache):
+//     offloaded copies stay.
+//   - REMOTE copies live outside the engine; they are not indexed.
 package bridge
 
 import (
@@ -161,11 +176,14 @@ const (
 	noSlot    = math.MaxUint32
 )
 
-// medium is a storage medium and KV-cache group the engine reports.
+// medium is one kind of copy the engine reports: a storage medium, a
+// KV-cache group, a locality and an owning tier.
 type medium struct {
-	name  string
-	group int
-	tier  snapshot.Tier
+	name      string
+	group     int
+	locality  string
+	ownership string
+	tier      snapshot.Tier
 }
 
 // Engine is the bridge state of one engine. Feed it the engine's batches
@@ -187,6 +205,9 @@ type Engine struct {
 	arena  []byte
 	wasted int // arena bytes no entry uses
 	media  []medium
+	// extra counts a lower-tier copy's announcements beyond the first, by
+	// slot<<3 | medium index.
+	extra map[uint64]uint32
 
 	seedName string
 	seed     uint64
@@ -245,6 +266,7 @@ func (e *Engine) reset() {
 	e.index, e.refs = table{}, table{}
 	e.arena, e.wasted = nil, 0
 	e.media = e.media[:0]
+	e.extra = map[uint64]uint32{}
 	e.publish()
 }
 
@@ -260,7 +282,7 @@ func (e *Engine) Batch(b *kvevents.Batch) {
 		case kvevents.BlockRemoved:
 			e.remove(ev)
 		case kvevents.AllBlocksCleared:
-			e.Clear()
+			e.clearTier(snapshot.TierGPU)
 		}
 	}
 	e.publish()
@@ -273,8 +295,24 @@ func (e *Engine) Reset(why kvevents.Reason) {
 	e.Clear()
 }
 
+// clearTier drops every copy in tier t, counted announcements and all: the
+// engine reset that tier's prefix cache.
+func (e *Engine) clearTier(t snapshot.Tier) {
+	e.stats.clears.Add(1)
+	for slot := e.slab[liveList].next; slot != liveList; {
+		next := e.slab[slot].next // release may move slot to the ghost list
+		for m := e.slab[slot].media; m != 0; m &= m - 1 {
+			if bit := m & -m; e.tierOf(bit) == t {
+				delete(e.extra, extraKey(slot, bit))
+				e.release(slot, bit)
+			}
+		}
+		slot = next
+	}
+}
+
 // Clear forgets every block of the engine and clears the sink: the engine
-// cleared its cache, restarted, or is gone.
+// restarted, or is gone.
 func (e *Engine) Clear() {
 	e.stats.clears.Add(1)
 	e.sink.Clear()
@@ -306,36 +344,50 @@ func (e *Engine) skip(why Skip, n int) {
 	}
 }
 
-// mediumOf returns the bit of an event's medium and group, adding it when
-// new, or false when the engine already named 8.
-func (e *Engine) mediumOf(name string, group int) (uint8, bool) {
+// mediumOf returns the bit of an event's kind of copy, adding it when new
+// and add is set; false when there is none, or the engine already named 8.
+func (e *Engine) mediumOf(ev *kvevents.Event, add bool) (uint8, bool) {
+	name := ev.Medium
 	if name == "" {
 		name = "GPU" // vLLM before media were named
 	}
+	locality := ev.Locality
+	if strings.EqualFold(locality, "LOCAL") {
+		locality = "" // unspecified means the publisher's own
+	}
 	for i, m := range e.media {
-		if m.group == group && strings.EqualFold(m.name, name) {
+		if m.group == ev.Group && strings.EqualFold(m.name, name) && strings.EqualFold(m.locality, locality) && m.ownership == ev.Ownership {
 			return 1 << i, true
 		}
 	}
-	if len(e.media) == 8 {
+	if !add || len(e.media) == 8 {
 		return 0, false
 	}
 	t := snapshot.TierCPU
-	if strings.EqualFold(name, "GPU") {
+	if strings.EqualFold(name, "GPU") && ev.Ownership == "" {
 		t = snapshot.TierGPU
 	}
-	e.media = append(e.media, medium{strings.Clone(name), group, t})
+	e.media = append(e.media, medium{strings.Clone(name), ev.Group, strings.Clone(locality), strings.Clone(ev.Ownership), t})
 	return 1 << (len(e.media) - 1), true
 }
 
-func (e *Engine) tierOf(bit uint8) snapshot.Tier {
-	for i := range e.media {
+// mediumIndex returns the index of a medium bit.
+func mediumIndex(bit uint8) int {
+	for i := range 8 {
 		if bit == 1<<i {
-			return e.media[i].tier
+			return i
 		}
 	}
-	return snapshot.TierCPU
+	return 0
 }
+
+func (e *Engine) tierOf(bit uint8) snapshot.Tier { return e.media[mediumIndex(bit)].tier }
+
+// counted reports whether a medium's copies count announcements: the lower
+// tiers', which vLLM's offloading connector repeats per chunk.
+func (e *Engine) counted(bit uint8) bool { return e.tierOf(bit) != snapshot.TierGPU }
+
+func extraKey(slot uint32, bit uint8) uint64 { return uint64(slot)<<3 | uint64(mediumIndex(bit)) }
 
 // prefixGroup reports whether a KV-cache group kind keeps whole prefixes:
 // full attention and its variants do; sliding-window and Mamba groups keep
@@ -362,7 +414,7 @@ func (e *Engine) store(ev *kvevents.Event) {
 		e.skip(SkipGroup, n)
 		return
 	}
-	bit, ok := e.mediumOf(ev.Medium, ev.Group)
+	bit, ok := e.mediumOf(ev, true)
 	if !ok {
 		e.skip(SkipMedia, n)
 		return
@@ -506,10 +558,14 @@ func (e *Engine) insert(h uint64, st state, bit uint8) {
 	}
 }
 
-// hold records that medium bit holds the block in slot.
+// hold records that medium bit holds the block in slot: once for the GPU,
+// once more per announcement for lower tiers.
 func (e *Engine) hold(slot uint32, bit uint8) {
 	en := &e.slab[slot]
 	if en.media&bit != 0 {
+		if e.counted(bit) {
+			e.extra[extraKey(slot, bit)]++
+		}
 		return
 	}
 	if en.media == 0 {
@@ -529,9 +585,9 @@ func (e *Engine) textHash(en *entry, i int) uint64 {
 }
 
 func (e *Engine) remove(ev *kvevents.Event) {
-	bit, ok := e.mediumOf(ev.Medium, ev.Group)
+	bit, ok := e.mediumOf(ev, false)
 	if !ok {
-		return
+		return // a kind of copy never stored: nothing it names is held
 	}
 	for _, h := range ev.Hashes {
 		if slot, ok := e.index.get(h); ok {
@@ -540,12 +596,18 @@ func (e *Engine) remove(ev *kvevents.Event) {
 	}
 }
 
-// release records that medium bit no longer holds the block in slot; a
-// block no medium holds is kept, oldest dropped first, for offload events
-// that name it.
+// release records that one announcement of medium bit's copy of the block
+// in slot was removed; the copy goes with its last. A block no medium
+// holds is kept, oldest dropped first, for offload events that name it.
 func (e *Engine) release(slot uint32, bit uint8) {
 	en := &e.slab[slot]
 	if en.media&bit == 0 {
+		return
+	}
+	if k := extraKey(slot, bit); e.extra[k] > 0 {
+		if e.extra[k]--; e.extra[k] == 0 {
+			delete(e.extra, k)
+		}
 		return
 	}
 	en.media &^= bit
@@ -568,6 +630,7 @@ func (e *Engine) evictOne() {
 		slot = e.slab[liveList].next
 		e.stats.evicted.Add(1)
 		for m := e.slab[slot].media; m != 0; m &= m - 1 {
+			delete(e.extra, extraKey(slot, m&-m))
 			e.release(slot, m&-m)
 		}
 	}

@@ -65,7 +65,11 @@ func TestRandomHistories(t *testing.T) {
 					m.remove(hs[r.IntN(len(hs))], "CPU")
 				}
 			case op == 17 && step%50 == 0:
-				m.clearAll()
+				m.clearGPU()
+			case op == 18:
+				if hs := held(); len(hs) > 0 {
+					m.reuse(hs[r.IntN(len(hs))])
+				}
 			default:
 				m.flush(e)
 				check(t, m, s, tinyDecode, small)
@@ -323,5 +327,68 @@ func hasKey(m map[uint64]uint32, k uint64) bool { _, ok := m[k]; return ok }
 func TestEntrySize(t *testing.T) {
 	if n := unsafe.Sizeof(entry{}); n != entrySize {
 		t.Fatalf("an entry takes %d bytes; the memory account says %d", n, entrySize)
+	}
+}
+
+// TestTierRules follows vLLM 0.33's publishers event by event: which
+// removals take a copy away and which leave it.
+func TestTierRules(t *testing.T) {
+	v := tinyVocab(t)
+	toks := []uint32{4, 3, 5, 6, 4, 3, 5, 6} // "hello world\nhello world\n": three 8-byte text blocks
+	stored := func(medium, locality, ownership string) kvevents.Event {
+		return kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{1, 2}, Tokens: toks, BlockSize: 4,
+			Medium: medium, Locality: locality, Ownership: ownership}
+	}
+	offload := func(medium, locality, ownership string) kvevents.Event {
+		return kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{1, 2}, Medium: medium, Locality: locality, Ownership: ownership}
+	}
+	removed := func(medium, locality, ownership string) kvevents.Event {
+		return kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{1, 2}, Medium: medium, Locality: locality, Ownership: ownership}
+	}
+	cleared := kvevents.Event{Kind: kvevents.AllBlocksCleared}
+	tests := []struct {
+		name     string
+		events   []kvevents.Event
+		reset    bool // the subscriber resets the engine after the events
+		gpu, cpu bool // whether the text blocks are held in each tier after
+	}{
+		{"a GPU reuse report is idempotent", []kvevents.Event{stored("GPU", "", ""), stored("GPU", "", ""), removed("GPU", "", "")}, false, false, false},
+		{"an offloaded hash announced by two chunks stays until both go",
+			[]kvevents.Event{stored("GPU", "", ""), offload("CPU", "LOCAL", ""), offload("CPU", "LOCAL", ""), removed("CPU", "LOCAL", "")}, false, true, true},
+		{"... and goes with the second removal",
+			[]kvevents.Event{stored("GPU", "", ""), offload("CPU", "LOCAL", ""), offload("CPU", "LOCAL", ""), removed("CPU", "LOCAL", ""), removed("CPU", "LOCAL", "")}, false, true, false},
+		{"self-describing offload stores (tokens and all) count too",
+			[]kvevents.Event{stored("CPU", "LOCAL", ""), stored("CPU", "LOCAL", ""), removed("CPU", "LOCAL", "")}, false, false, true},
+		{"AllBlocksCleared leaves offloaded copies",
+			[]kvevents.Event{stored("GPU", "", ""), offload("CPU", "", ""), cleared}, false, false, true},
+		{"a REMOTE removal leaves the LOCAL copy",
+			[]kvevents.Event{stored("GPU", "", ""), offload("CPU", "LOCAL", ""), removed("CPU", "REMOTE", "")}, false, true, true},
+		{"a REMOTE store is not the engine's", []kvevents.Event{stored("CPU", "REMOTE", "")}, false, false, false},
+		{"a secondary tier's removal leaves the primary copy",
+			[]kvevents.Event{stored("GPU", "", ""), offload("CPU", "LOCAL", ""), offload("CPU", "LOCAL", "kvcr"), removed("CPU", "LOCAL", "kvcr")}, false, true, true},
+		{"the primary's removal leaves the secondary tier's copy",
+			[]kvevents.Event{stored("GPU", "", ""), offload("CPU", "LOCAL", ""), offload("STORAGE", "LOCAL", "kvcr"), removed("CPU", "LOCAL", ""), removed("GPU", "", "")}, false, false, true},
+		{"unspecified locality is the publisher's own",
+			[]kvevents.Event{stored("GPU", "", ""), offload("CPU", "", ""), removed("CPU", "LOCAL", "")}, false, true, false},
+		{"an engine reset (restart) drops every tier",
+			[]kvevents.Event{stored("GPU", "", ""), offload("CPU", "", "")}, true, false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSetSink(t)
+			e := newEngine(t, Config{Model: "m", Vocab: v, Hash: small}, s)
+			for i := range tc.events {
+				e.Batch(&kvevents.Batch{Events: tc.events[i : i+1]})
+			}
+			if tc.reset {
+				e.Reset(kvevents.Restart)
+			}
+			if got := len(s.tier(snapshot.TierGPU)) > 0; got != tc.gpu {
+				t.Errorf("GPU tier holds the prefix: %v, want %v (%v)", got, tc.gpu, s.set)
+			}
+			if got := len(s.tier(snapshot.TierCPU)) > 0; got != tc.cpu {
+				t.Errorf("CPU tier holds the prefix: %v, want %v (%v)", got, tc.cpu, s.set)
+			}
+		})
 	}
 }

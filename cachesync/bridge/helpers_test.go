@@ -90,7 +90,10 @@ func (s *setSink) tier(t snapshot.Tier) []uint64 {
 }
 
 // model is a reference engine: blocks of tokens chained to parents, held
-// in media, and the events it sends.
+// in media, and the events it sends, by vLLM 0.33's rules: a GPU copy is
+// held or not (reuse reports announce it again), a lower tier's copy counts
+// its announcements (one per offloaded chunk holding it), and
+// AllBlocksCleared clears the GPU only.
 type model struct {
 	blockSize int
 	model     string
@@ -104,8 +107,8 @@ type mblock struct {
 	hasParent    bool
 	tokens       []uint32
 	lora         string
-	media        map[string]bool
-	epoch        int // of its last store: an engine offloads only blocks it had since its last clear
+	media        map[string]int // announcements held, by medium; the GPU's is 0 or 1
+	epoch        int            // of its last store: an engine offloads only blocks it had since its last clear
 }
 
 func newModel(blockSize int, name string) *model {
@@ -138,13 +141,13 @@ func (m *model) store(parent uint64, tokens []uint32, medium, lora string) []uin
 		hashes = append(hashes, h)
 		b := m.blocks[h]
 		if b == nil {
-			b = &mblock{hash: h, parent: p, hasParent: p != 0, tokens: tok, lora: lora, media: map[string]bool{}}
+			b = &mblock{hash: h, parent: p, hasParent: p != 0, tokens: tok, lora: lora, media: map[string]int{}}
 			m.blocks[h] = b
 		}
-		if b.media[medium] {
+		if b.media[medium] > 0 {
 			flush()
 		} else {
-			b.media[medium], b.epoch = true, m.epoch
+			b.media[medium], b.epoch = 1, m.epoch
 			if len(ev.Hashes) == 0 {
 				ev.Parent, ev.HasParent = p, p != 0
 			}
@@ -157,27 +160,44 @@ func (m *model) store(parent uint64, tokens []uint32, medium, lora string) []uin
 	return hashes
 }
 
-// offload copies a held block to medium, as an offloading connector
-// reports it: the hash, no tokens.
+// offload announces a copy of a held block in a lower tier, as vLLM's
+// offloading connector does once per chunk holding it: the hash, no
+// tokens (its legacy payload). Each announcement is removed on its own.
 func (m *model) offload(h uint64, medium string) {
 	b := m.blocks[h]
-	if b.media[medium] || b.epoch != m.epoch {
+	if b.epoch != m.epoch {
 		return
 	}
-	b.media[medium] = true
+	b.media[medium]++
 	m.events = append(m.events, kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{h}, BlockSize: m.blockSize, Medium: medium})
 }
 
+// reuse announces GPU blocks again as vLLM's block pool does for prefix
+// hits: the state does not change.
+func (m *model) reuse(h uint64) {
+	b := m.blocks[h]
+	if b == nil || b.media["GPU"] == 0 {
+		return
+	}
+	m.events = append(m.events, kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{h}, Parent: b.parent, HasParent: b.hasParent,
+		Tokens: b.tokens, BlockSize: m.blockSize, Medium: "GPU", LoRAName: b.lora})
+}
+
+// remove removes one copy (the GPU's) or one announcement (a lower tier's).
 func (m *model) remove(h uint64, medium string) {
-	if b := m.blocks[h]; b != nil && b.media[medium] {
-		delete(b.media, medium)
+	if b := m.blocks[h]; b != nil && b.media[medium] > 0 {
+		if b.media[medium]--; b.media[medium] == 0 {
+			delete(b.media, medium)
+		}
 		m.events = append(m.events, kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{h}, Medium: medium})
 	}
 }
 
-func (m *model) clearAll() {
+// clearGPU is vLLM's /reset_prefix_cache: the GPU pool's hashes go,
+// offloaded copies stay.
+func (m *model) clearGPU() {
 	for _, b := range m.blocks {
-		clear(b.media)
+		delete(b.media, "GPU")
 	}
 	m.epoch++
 	m.events = append(m.events, kvevents.Event{Kind: kvevents.AllBlocksCleared})

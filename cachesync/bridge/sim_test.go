@@ -165,7 +165,17 @@ func (r *rig) resume() {
 // prompt tokens the engine counted.
 func (r *rig) chat(model string, msgs []map[string]string, maxTokens int) ([]byte, int) {
 	r.t.Helper()
-	body, _ := json.Marshal(map[string]any{"model": model, "messages": msgs, "max_tokens": maxTokens})
+	return r.chatWith(model, msgs, maxTokens, nil)
+}
+
+// chatWith is chat with more fields in the body.
+func (r *rig) chatWith(model string, msgs []map[string]string, maxTokens int, extra map[string]any) ([]byte, int) {
+	r.t.Helper()
+	req := map[string]any{"model": model, "messages": msgs, "max_tokens": maxTokens}
+	for k, v := range extra {
+		req[k] = v
+	}
+	body, _ := json.Marshal(req)
 	resp, err := http.Post(r.eng.URL()+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		r.t.Fatal(err)
@@ -386,10 +396,16 @@ func prompts(n int) [][]map[string]string {
 // TestEviction: with a small cache the engine evicts blocks, and the bridge
 // drops exactly the text blocks they completed; a CPU tier receives the
 // evicted blocks and the bridge moves them to the CPU tier.
+//
+// With chunked offloading (vLLM 0.33's connector) the prompts' shared
+// system prompt ends inside a chunk, so its last hashes are announced by
+// every prompt's chunk and removed with each: the bridge must count them.
 func TestEviction(t *testing.T) {
-	for _, cpu := range []int{0, 24} {
-		t.Run(fmt.Sprintf("cpu%d", cpu), func(t *testing.T) {
-			r := startRig(t, vllmsim.Config{Model: "Qwen/Qwen2.5-7B-Instruct", NumGPUBlocks: 40, NumCPUBlocks: cpu}, prompt.ChatML)
+	for _, tc := range []struct{ cpu, chunk int }{{0, 0}, {24, 0}, {24, 4}} {
+		cpu := tc.cpu
+		t.Run(fmt.Sprintf("cpu%d-chunk%d", tc.cpu, tc.chunk), func(t *testing.T) {
+			r := startRig(t, vllmsim.Config{Model: "Qwen/Qwen2.5-7B-Instruct", NumGPUBlocks: 40, NumCPUBlocks: cpu,
+				OffloadChunkBlocks: tc.chunk}, prompt.ChatML)
 			for i, msgs := range prompts(8) {
 				r.chat(r.model, msgs, 1+i%3*10)
 				r.settle(r.oracle(r.model))
@@ -405,6 +421,53 @@ func TestEviction(t *testing.T) {
 	}
 }
 
+// TestResetKeepsOffloadedCopies: /reset_prefix_cache clears the GPU pool
+// and sends AllBlocksCleared, but offloaded copies stay, and the bridge
+// keeps them; ?reset_external=true removes those too, one by one.
+func TestResetKeepsOffloadedCopies(t *testing.T) {
+	for _, chunk := range []int{0, 4} {
+		t.Run(fmt.Sprintf("chunk%d", chunk), func(t *testing.T) {
+			r := startRig(t, vllmsim.Config{Model: "Qwen/Qwen2.5-7B-Instruct", NumGPUBlocks: 40, NumCPUBlocks: 64,
+				OffloadChunkBlocks: chunk}, prompt.ChatML)
+			for _, msgs := range prompts(8) { // more than the GPU holds: evictions fill the legacy tier
+				r.chat(r.model, msgs, 1)
+			}
+			r.settle(r.oracle(r.model))
+			if !r.eng.ResetPrefixCache(false) {
+				t.Fatal("reset refused")
+			}
+			want := r.oracle(r.model)
+			if len(want[snapshot.TierGPU]) != 0 || len(want[snapshot.TierCPU]) == 0 {
+				t.Fatalf("after the reset the engine holds %d GPU and %d CPU text blocks; want only CPU ones",
+					len(want[snapshot.TierGPU]), len(want[snapshot.TierCPU]))
+			}
+			r.settle(want)
+			if !r.eng.ResetPrefixCache(true) {
+				t.Fatal("external reset refused")
+			}
+			r.settle(map[snapshot.Tier][]uint64{snapshot.TierGPU: {}, snapshot.TierCPU: {}})
+		})
+	}
+}
+
+// TestReuseReports: with kv_cache_report_mode "full" the engine announces
+// the prefix blocks a request reuses again; the bridge takes them as the
+// copies it holds (a set sink fails on a second Add), and one removal
+// still takes a block away.
+func TestReuseReports(t *testing.T) {
+	r := startRig(t, vllmsim.Config{Model: "Qwen/Qwen2.5-7B-Instruct", NumGPUBlocks: 40}, prompt.ChatML)
+	full := map[string]any{"vllm_xargs": map[string]any{"kv_cache_report_mode": "full"}}
+	for _, msgs := range prompts(6) {
+		for range 2 {
+			r.chatWith(r.model, msgs, 1, full)
+		}
+		r.settle(r.oracle(r.model))
+	}
+	if st := r.sub.Stats(); st.Stored <= st.Batches/2 || st.Removed == 0 {
+		t.Fatalf("want reuse reports and evictions: %+v", st)
+	}
+}
+
 // TestResetAndRestart: /reset_prefix_cache clears the engine's text
 // blocks; a restarted engine (sequence numbers from 0, an empty cache, no
 // event saying so) is noticed and cleared, then followed again.
@@ -413,7 +476,7 @@ func TestResetAndRestart(t *testing.T) {
 	ps := prompts(3)
 	r.chat(r.model, ps[0], 1)
 	r.settle(r.oracle(r.model))
-	if !r.eng.ResetPrefixCache() {
+	if !r.eng.ResetPrefixCache(false) {
 		t.Fatal("reset refused")
 	}
 	r.settle(map[snapshot.Tier][]uint64{snapshot.TierGPU: {}, snapshot.TierCPU: {}})
@@ -486,7 +549,7 @@ func TestMissedBatches(t *testing.T) {
 			}
 		}
 		// New traffic is followed in full again.
-		r.eng.ResetPrefixCache()
+		r.eng.ResetPrefixCache(false)
 		r.chat(r.model, prompts(7)[6], 1)
 		r.settle(r.oracle(r.model))
 	})
@@ -530,5 +593,49 @@ func TestEncodings(t *testing.T) {
 				t.Fatalf("data-parallel rank %d, want 3", rank)
 			}
 		})
+	}
+}
+
+// complete sends a completions request of token ids and waits for it.
+func (r *rig) complete(tokens []int) {
+	r.t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": r.model, "prompt": tokens, "max_tokens": 1})
+	resp, err := http.Post(r.eng.URL()+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		r.t.Fatalf("completion: %s", resp.Status)
+	}
+	r.observe()
+}
+
+// TestSharedChunkHashes: vLLM 0.33's offloading connector announces the
+// hashes of a shared prefix that ends inside a chunk once per chunk that
+// holds them, and an evicted chunk removes them once: the copies another
+// chunk still holds stay in the index.
+func TestSharedChunkHashes(t *testing.T) {
+	// 16-token blocks, 4-block chunks, room for 3 chunks in the CPU tier.
+	r := startRig(t, vllmsim.Config{Model: "Qwen/Qwen2.5-7B-Instruct", NumGPUBlocks: 256, NumCPUBlocks: 12,
+		OffloadChunkBlocks: 4}, prompt.ChatML)
+	ids := func(from, n int) []int {
+		var out []int
+		for i := range n {
+			out = append(out, 1000+from+i)
+		}
+		return out
+	}
+	shared := ids(0, 6*16) // six blocks: chunk 0 and half of chunk 1
+	a := append(append([]int{}, shared...), ids(5000, 2*16)...)
+	b := append(append([]int{}, shared...), ids(7000, 2*16)...)
+	r.complete(a) // chunks a0, a1
+	r.complete(b) // b0 = a0; b1 announces shared blocks 4 and 5 again
+	r.settle(r.oracle(r.model))
+	r.complete(ids(9000, 4*16)) // a fourth chunk evicts a1, the least recently used
+	want := r.oracle(r.model)
+	r.settle(want)
+	if st := r.sub.Stats(); st.Removed == 0 {
+		t.Fatalf("no chunk was evicted: %+v", st)
 	}
 }

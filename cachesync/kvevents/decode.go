@@ -157,13 +157,14 @@ const (
 	fGroup
 	fSpecKind
 	fLocality
+	fOwnership
 )
 
 // Positions after the tag in array-encoded events, in declaration order
 // (vllm/distributed/kv_events.py; SGLang's structs are a prefix of these).
 var (
-	storedFields  = []int{fHashes, fParent, fTokens, fBlockSize, fLoRAID, fMedium, fLoRAName, fExtraKeys, fGroup, fSpecKind, fNone, fLocality}
-	removedFields = []int{fHashes, fMedium, fGroup, fLocality}
+	storedFields  = []int{fHashes, fParent, fTokens, fBlockSize, fLoRAID, fMedium, fLoRAName, fExtraKeys, fGroup, fSpecKind, fNone, fLocality, fOwnership}
+	removedFields = []int{fHashes, fMedium, fGroup, fLocality, fOwnership}
 )
 
 // Mandatory fields after the tag.
@@ -184,6 +185,7 @@ var fieldNames = map[string]int{
 	"group_idx":          fGroup,
 	"kv_cache_spec_kind": fSpecKind,
 	"locality":           fLocality,
+	"ownership":          fOwnership,
 }
 
 var kinds = map[string]Kind{"BlockStored": BlockStored, "BlockRemoved": BlockRemoved, "AllBlocksCleared": AllBlocksCleared}
@@ -238,7 +240,7 @@ func (d *Decoder) mapEvent(ev *Event) error {
 	if err != nil {
 		return err
 	}
-	var seen [fLocality + 1]bool
+	var seen [fOwnership + 1]bool
 	tagged := false
 	for range n {
 		key, err := d.str()
@@ -313,6 +315,8 @@ func (d *Decoder) field(ev *Event, f int) error {
 		ev.SpecKind, err = d.optStr()
 	case fLocality:
 		ev.Locality, err = d.optStr()
+	case fOwnership:
+		ev.Ownership, err = d.optStr()
 	default:
 		err = d.skip(0)
 	}

@@ -32,6 +32,7 @@ type wantEvent struct {
 	Group     int         `json:"group"`
 	SpecKind  string      `json:"spec_kind"`
 	Locality  string      `json:"locality"`
+	Ownership string      `json:"ownership"`
 }
 
 type wantExtra struct {
@@ -44,7 +45,7 @@ func normalize(b *Batch) wantBatch {
 	w := wantBatch{TS: b.TS, DPRank: b.DPRank}
 	for _, e := range b.Events {
 		we := wantEvent{Kind: e.Kind.String(), BlockSize: e.BlockSize, LoRAID: e.LoRAID, LoRAName: e.LoRAName,
-			Medium: e.Medium, Group: e.Group, SpecKind: e.SpecKind, Locality: e.Locality}
+			Medium: e.Medium, Group: e.Group, SpecKind: e.SpecKind, Locality: e.Locality, Ownership: e.Ownership}
 		for _, h := range e.Hashes {
 			we.Hashes = append(we.Hashes, strconv.FormatUint(h, 10))
 		}

@@ -76,6 +76,9 @@ type Event struct {
 	// Locality is "LOCAL" or "REMOTE" relative to the publisher where an
 	// engine sends it, else "".
 	Locality string
+	// Ownership names the secondary offloading tier that sent the event
+	// (vLLM 0.33's tiered offloading, e.g. "kvcr"); "" for the primary.
+	Ownership string
 }
 
 // Extra is one block's extra hash keys.

@@ -15,7 +15,9 @@ type block struct {
 	free       bool
 }
 
-// blockPool is the GPU prefix cache with an optional CPU tier under it.
+// blockPool is the GPU prefix cache with an optional CPU tier under it:
+// blocks offloaded one by one as the GPU evicts them (cpu), or requests'
+// blocks offloaded in chunks as they are computed (chunks).
 // All methods run on the engine loop's goroutine or under the engine lock.
 type blockPool struct {
 	blockSize int
@@ -24,11 +26,34 @@ type blockPool struct {
 	nfree     int
 	cached    map[blockHash]*block
 	cpu       *cpuTier
+	chunks    *chunkTier
 	caching   bool // prefix caching on: hashes are kept and events sent
 	events    []kvEvent
 }
 
-func newBlockPool(numGPU, numCPU, blockSize int, caching bool) *blockPool {
+// lower reports whether the pool has a CPU tier.
+func (p *blockPool) lower() bool { return p.cpu != nil || p.chunks != nil }
+
+// lowerHas reports whether the CPU tier holds h.
+func (p *blockPool) lowerHas(h blockHash) bool {
+	if p.chunks != nil {
+		return p.chunks.has(h)
+	}
+	return p.cpu.has(h)
+}
+
+// lowerTouch marks h as just used in the CPU tier.
+func (p *blockPool) lowerTouch(h blockHash) {
+	if p.chunks != nil {
+		p.chunks.touch(h)
+	} else if p.cpu != nil {
+		p.cpu.touch(h)
+	}
+}
+
+// newBlockPool makes the GPU pool and, with numCPU blocks, the CPU tier:
+// offloaded in chunks of chunkBlocks, or block by block on eviction (0).
+func newBlockPool(numGPU, numCPU, blockSize int, caching bool, chunkBlocks int) *blockPool {
 	// vLLM reserves block 0 as the null block; the rest are usable.
 	p := &blockPool{
 		blockSize: blockSize,
@@ -40,7 +65,11 @@ func newBlockPool(numGPU, numCPU, blockSize int, caching bool) *blockPool {
 	for i := range p.blocks {
 		p.pushFree(&p.blocks[i])
 	}
-	if numCPU > 0 && caching {
+	switch {
+	case numCPU == 0 || !caching:
+	case chunkBlocks > 0:
+		p.chunks = newChunkTier(numCPU, chunkBlocks)
+	default:
 		p.cpu = newCPUTier(numCPU)
 	}
 	return p
@@ -79,15 +108,51 @@ func (p *blockPool) match(hashes []blockHash) (gpu []*block, cpu int) {
 		}
 		gpu = append(gpu, b)
 	}
-	if p.cpu != nil {
+	if p.lower() {
 		for _, h := range hashes[len(gpu):] {
-			if !p.cpu.has(h) {
+			if !p.lowerHas(h) {
 				break
 			}
 			cpu++
 		}
 	}
 	return gpu, cpu
+}
+
+// reuse announces a request's prefix-cache hits again, as vLLM 0.33's
+// emit_cached_block_events does for requests that ask for full reports:
+// one BlockStored from the root over the blocks reused, the state
+// unchanged.
+func (p *blockPool) reuse(hit []*block, meta storeMeta) {
+	if len(hit) == 0 || !p.caching {
+		return
+	}
+	ev := blockStored{blockSize: p.blockSize, loraID: meta.loraID, loraName: meta.loraName, medium: mediumGPU, group: true}
+	for i, b := range hit {
+		ev.hashes = append(ev.hashes, b.hash)
+		ev.tokens = append(ev.tokens, b.tokens...)
+		ev.extraKeys = append(ev.extraKeys, meta.extra(i))
+	}
+	p.events = append(p.events, ev)
+}
+
+// offloadChunks stores the request's whole chunks among its first upTo
+// blocks in the chunk tier, from chunk from on, and returns the chunks
+// stored so far.
+func (p *blockPool) offloadChunks(hashes []blockHash, tokens []int, from, upTo int, meta storeMeta) int {
+	if p.chunks == nil {
+		return from
+	}
+	n := p.chunks.n
+	for ; (from+1)*n <= upTo; from++ {
+		lo, hi := from*n, (from+1)*n
+		var parent *blockHash
+		if lo > 0 {
+			parent = &hashes[lo-1]
+		}
+		p.events = p.chunks.store(p.events, hashes[lo:hi], parent, tokens[lo*p.blockSize:hi*p.blockSize], p.blockSize, meta)
+	}
+	return from
 }
 
 // evictableAmong counts blocks in bs that sit in the free queue: touching
@@ -202,10 +267,11 @@ func (p *blockPool) commit(bs []*block, hashes []blockHash, parent *blockHash, t
 
 // storeMeta is what a request adds to the events of its blocks.
 type storeMeta struct {
-	loraID   int
-	loraName string
-	salt     string
-	first    int // index of bs[0] within the request
+	loraID    int
+	loraName  string
+	salt      string
+	first     int  // index of bs[0] within the request
+	reportAll bool // announce reused blocks too (kv_cache_report_mode "full")
 }
 
 // extra returns the extra keys of the request's block i, as vLLM's
@@ -222,9 +288,12 @@ func (m storeMeta) extra(i int) extras {
 	return x
 }
 
-// reset drops every cached hash, as vLLM's reset_prefix_cache does. It
-// refuses while any block is held by a request.
-func (p *blockPool) reset() bool {
+// reset drops every cached GPU hash, as vLLM's reset_prefix_cache does:
+// AllBlocksCleared is the GPU pool's event, and offloaded copies stay
+// unless external asks for the connector's cache to be reset too, which
+// removes them one by one. It refuses while any block is held by a
+// request.
+func (p *blockPool) reset(external bool) bool {
 	if p.nfree != len(p.blocks) {
 		return false
 	}
@@ -232,10 +301,15 @@ func (p *blockPool) reset() bool {
 		b.hashed, b.hasParent, b.tokens = false, false, nil
 		delete(p.cached, h)
 	}
-	if p.cpu != nil {
-		p.cpu.reset()
-	}
 	p.events = append(p.events, allBlocksCleared{})
+	if external {
+		if p.cpu != nil {
+			p.events = p.cpu.reset(p.events)
+		}
+		if p.chunks != nil {
+			p.events = p.chunks.reset(p.events)
+		}
+	}
 	return true
 }
 
@@ -304,7 +378,107 @@ func (t *cpuTier) store(events []kvEvent, h blockHash, parent *blockHash, tokens
 	return append(events, blockStored{hashes: []blockHash{h}, blockSize: blockSize, medium: mediumCPU, tokens: []int{}})
 }
 
-func (t *cpuTier) reset() {
+// reset drops every entry, least recently used first, with the removals.
+func (t *cpuTier) reset(events []kvEvent) []kvEvent {
+	for e := t.head.next; e != &t.head; e = e.next {
+		events = append(events, blockRemoved{hashes: []blockHash{e.hash}, medium: mediumCPU})
+	}
 	clear(t.entries)
 	t.head.next, t.head.prev = &t.head, &t.head
+	return events
+}
+
+// chunkTier is the CPU tier of vLLM 0.33's offloading connector with
+// self-describing events (kv_connector_extra_config
+// self_describing_kv_events): a request's blocks are offloaded in chunks of
+// n blocks as they are computed, each chunk named by its last hash and
+// evicted whole, least recently used first. A chunk's BlockStored carries
+// its tokens and parent and every hash it holds, and its BlockRemoved fans
+// out to the same hashes; so a hash two chunks hold (a shared prefix that
+// ends inside a chunk) is announced and removed twice, and consumers must
+// count (vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py).
+type chunkTier struct {
+	n, capacity int // blocks per chunk; blocks held at most
+	used        int
+	chunks      map[blockHash]*chunk
+	head        chunk              // sentinel: head.next is least recently used
+	counts      map[blockHash]int // chunks holding each hash
+}
+
+type chunk struct {
+	key        blockHash
+	hashes     []blockHash
+	parent     *blockHash
+	tokens     []int
+	prev, next *chunk
+}
+
+func newChunkTier(capacity, n int) *chunkTier {
+	t := &chunkTier{n: n, capacity: capacity, chunks: map[blockHash]*chunk{}, counts: map[blockHash]int{}}
+	t.head.next, t.head.prev = &t.head, &t.head
+	return t
+}
+
+func (t *chunkTier) has(h blockHash) bool { return t.counts[h] > 0 }
+
+func (t *chunkTier) unlink(c *chunk) { c.prev.next, c.next.prev = c.next, c.prev }
+
+func (t *chunkTier) pushBack(c *chunk) {
+	c.prev, c.next = t.head.prev, &t.head
+	t.head.prev.next = c
+	t.head.prev = c
+}
+
+// touch marks the chunk that ends at h as just used.
+func (t *chunkTier) touch(h blockHash) {
+	if c, ok := t.chunks[h]; ok {
+		t.unlink(c)
+		t.pushBack(c)
+	}
+}
+
+// store offloads one chunk unless it is held, evicting least recently used
+// chunks to make room, and appends the events.
+func (t *chunkTier) store(events []kvEvent, hashes []blockHash, parent *blockHash, tokens []int, blockSize int, meta storeMeta) []kvEvent {
+	key := hashes[len(hashes)-1]
+	if _, ok := t.chunks[key]; ok {
+		t.touch(key)
+		return events
+	}
+	for t.used+len(hashes) > t.capacity && t.head.next != &t.head {
+		events = t.evict(events, t.head.next)
+	}
+	if t.used+len(hashes) > t.capacity {
+		return events // a chunk larger than the tier
+	}
+	c := &chunk{key: key, hashes: hashes, parent: parent, tokens: tokens}
+	t.chunks[key] = c
+	t.pushBack(c)
+	t.used += len(hashes)
+	for _, h := range hashes {
+		t.counts[h]++
+	}
+	ev := blockStored{hashes: hashes, parent: parent, tokens: tokens, blockSize: blockSize,
+		loraID: meta.loraID, loraName: meta.loraName, medium: mediumCPU, locality: localityLocal}
+	return append(events, ev)
+}
+
+func (t *chunkTier) evict(events []kvEvent, c *chunk) []kvEvent {
+	t.unlink(c)
+	delete(t.chunks, c.key)
+	t.used -= len(c.hashes)
+	for _, h := range c.hashes {
+		if t.counts[h]--; t.counts[h] == 0 {
+			delete(t.counts, h)
+		}
+	}
+	return append(events, blockRemoved{hashes: c.hashes, medium: mediumCPU, locality: localityLocal})
+}
+
+// reset evicts every chunk.
+func (t *chunkTier) reset(events []kvEvent) []kvEvent {
+	for t.head.next != &t.head {
+		events = t.evict(events, t.head.next)
+	}
+	return events
 }

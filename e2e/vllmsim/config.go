@@ -41,6 +41,13 @@ type Config struct {
 	BlockSize           int // tokens per KV block
 	NumGPUBlocks        int // GPU KV blocks, including vLLM's reserved null block
 	NumCPUBlocks        int // CPU offload tier capacity in blocks; 0: no CPU tier
+	// OffloadChunkBlocks makes the CPU tier vLLM 0.33's offloading
+	// connector with self-describing events: requests' blocks offloaded in
+	// chunks of this many as they are computed, each chunk announced with
+	// its tokens, hashes shared by two chunks announced twice. 0: blocks
+	// offloaded one by one when the GPU evicts them, announced by hash
+	// alone (the connector's legacy payload).
+	OffloadChunkBlocks int
 	MaxNumBatchedTokens int // token budget per engine step
 	MaxNumSeqs          int // running sequences at most
 	MaxModelLen         int // prompt + output tokens at most; 0: min(32768, cache capacity)
@@ -161,7 +168,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 
 	var errs []error
-	if c.BlockSize < 1 || c.NumGPUBlocks < 2 || c.NumCPUBlocks < 0 || c.MaxNumBatchedTokens < 1 || c.MaxNumSeqs < 1 {
+	if c.BlockSize < 1 || c.NumGPUBlocks < 2 || c.NumCPUBlocks < 0 || c.OffloadChunkBlocks < 0 || c.MaxNumBatchedTokens < 1 || c.MaxNumSeqs < 1 {
 		errs = append(errs, fmt.Errorf("block size %d, GPU blocks %d (at least 2), CPU blocks %d, batched tokens %d, seqs %d: must be positive",
 			c.BlockSize, c.NumGPUBlocks, c.NumCPUBlocks, c.MaxNumBatchedTokens, c.MaxNumSeqs))
 	}

@@ -212,13 +212,15 @@ func (e *Engine) ReplayEndpoint() string { return e.replay }
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.cfg }
 
-// ResetPrefixCache drops every cached block and publishes AllBlocksCleared,
-// as vLLM's /reset_prefix_cache does. Like vLLM it refuses, returning
-// false, while requests hold blocks.
-func (e *Engine) ResetPrefixCache() bool {
+// ResetPrefixCache drops every cached GPU block and publishes
+// AllBlocksCleared, as vLLM's /reset_prefix_cache does; the CPU tier keeps
+// its copies unless external is set (?reset_external=true), which removes
+// them with BlockRemoved events. Like vLLM it refuses, returning false,
+// while requests hold blocks.
+func (e *Engine) ResetPrefixCache(external bool) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sched == nil || !e.sched.pool.reset() {
+	if e.sched == nil || !e.sched.pool.reset(external) {
 		return false
 	}
 	e.publish(e.sched.pool.takeEvents())
@@ -257,6 +259,25 @@ func (e *Engine) CachedBlocks() []Block {
 	for i := range p.blocks {
 		if !p.blocks[i].free {
 			add(&p.blocks[i])
+		}
+	}
+	if p.chunks != nil {
+		seen := map[blockHash]bool{}
+		for c := p.chunks.head.next; c != &p.chunks.head; c = c.next {
+			for i, h := range c.hashes {
+				if seen[h] {
+					continue
+				}
+				seen[h] = true
+				blk := Block{Hash: h.uint64(), TokenIDs: append([]int(nil), c.tokens[i*p.blockSize:(i+1)*p.blockSize]...), Medium: mediumCPU}
+				switch {
+				case i > 0:
+					blk.Parent, blk.HasParent = c.hashes[i-1].uint64(), true
+				case c.parent != nil:
+					blk.Parent, blk.HasParent = c.parent.uint64(), true
+				}
+				out = append(out, blk)
+			}
 		}
 	}
 	if p.cpu != nil {

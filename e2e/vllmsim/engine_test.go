@@ -531,7 +531,7 @@ func TestPubConnectsToBoundSub(t *testing.T) {
 		}
 	}()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		e.ResetPrefixCache()
+		e.ResetPrefixCache(false)
 		select {
 		case b := <-got:
 			if b.Topic != cfg.KVEvents.Topic || len(b.Events) != 1 || b.Events[0].Type != "AllBlocksCleared" {
@@ -576,5 +576,112 @@ func TestTimeScaleKeepsSimulatedTimes(t *testing.T) {
 	}
 	if math.Abs(ttfts[1]-ttfts[0]) > 1e-9 || math.Abs(ttfts[2]-ttfts[0]) > 1e-9 {
 		t.Fatalf("TTFT at time scales 0, 0.01, 0.1: %v", ttfts)
+	}
+}
+
+// TestVLLM033TierEvents pins what vLLM 0.33's publishers send for tiers:
+// the offloading connector's self-describing chunks (tokens and parent,
+// LOCAL, a hash of a shared prefix announced by each chunk holding it),
+// /reset_prefix_cache clearing only the GPU pool, reset_external removing
+// the offloaded copies, and kv_cache_report_mode "full" announcing reused
+// blocks again.
+func TestVLLM033TierEvents(t *testing.T) {
+	cfg := testConfig()
+	cfg.NumGPUBlocks, cfg.NumCPUBlocks, cfg.OffloadChunkBlocks = 256, 64, 4
+	e := startEngine(t, cfg)
+	sub := subscribe(t, e)
+	bs := e.Config().BlockSize
+	ids := func(from, n int) []int {
+		var out []int
+		for i := range n {
+			out = append(out, 1000+from+i)
+		}
+		return out
+	}
+	// Two prompts sharing six blocks, a chunk and a half, then two blocks
+	// each of their own.
+	for _, own := range []int{5000, 7000} {
+		b, _ := json.Marshal(map[string]any{"prompt": append(ids(0, 6*bs), ids(own, 2*bs)...), "max_tokens": 1})
+		if code, body := post(t, e.URL()+"/v1/completions", string(b)); code != http.StatusOK {
+			t.Fatalf("completion: %d %s", code, body)
+		}
+	}
+	shared := longPrompt("shared", 120)
+	chat(t, e, shared, 1)
+	announced := map[uint64]int{}
+	for _, ev := range events(sub.drain(300 * time.Millisecond)) {
+		if ev.Type != "BlockStored" || ev.Medium != "CPU" {
+			continue
+		}
+		if len(ev.Tokens) != len(ev.Hashes)*e.Config().BlockSize || ev.Locality != "LOCAL" {
+			t.Fatalf("CPU chunk store: %d hashes, %d tokens, locality %v", len(ev.Hashes), len(ev.Tokens), ev.Locality)
+		}
+		for _, h := range ev.Hashes {
+			announced[h]++
+		}
+	}
+	twice := 0
+	for _, n := range announced {
+		if n == 2 {
+			twice++
+		}
+	}
+	if len(announced) == 0 || twice == 0 {
+		t.Fatalf("chunk stores announced %d hashes, %d of them twice; want the shared prefix's tail twice", len(announced), twice)
+	}
+	if twice != 2 {
+		t.Errorf("%d hashes announced twice, want the 2 shared blocks of the second chunk", twice)
+	}
+
+	if !e.ResetPrefixCache(false) {
+		t.Fatal("reset refused")
+	}
+	for _, ev := range events(sub.drain(200 * time.Millisecond)) {
+		if ev.Type != "AllBlocksCleared" {
+			t.Errorf("/reset_prefix_cache sent %s (%v)", ev.Type, ev.Medium)
+		}
+	}
+	hit, _ := e.Probe("/v1/chat/completions", chatBody(shared, 1))
+	if hit.GPUTokens != 0 || hit.CPUTokens == 0 {
+		t.Fatalf("after the reset: %+v; want the prefix in the CPU tier only", hit)
+	}
+	if !e.ResetPrefixCache(true) {
+		t.Fatal("external reset refused")
+	}
+	removed := 0
+	for _, ev := range events(sub.drain(200 * time.Millisecond)) {
+		if ev.Type == "BlockRemoved" && ev.Medium == "CPU" {
+			removed += len(ev.Hashes)
+		}
+	}
+	if removed == 0 {
+		t.Error("reset_external removed no CPU copy")
+	}
+	if hit, _ := e.Probe("/v1/chat/completions", chatBody(shared, 1)); hit.CPUTokens != 0 {
+		t.Errorf("after reset_external: %+v", hit)
+	}
+
+	// Reuse reports.
+	body := func(mode string) string {
+		b, _ := json.Marshal(map[string]any{"messages": []map[string]string{{"role": "user", "content": shared}}, "max_tokens": 1,
+			"vllm_xargs": map[string]any{"kv_cache_report_mode": mode}})
+		return string(b)
+	}
+	for _, mode := range []string{"incremental", "incremental", "full"} {
+		if code, b := post(t, e.URL()+"/v1/chat/completions", body(mode)); code != http.StatusOK {
+			t.Fatalf("%s: %d %s", mode, code, b)
+		}
+	}
+	var gpuStores []int
+	for _, ev := range events(sub.drain(300 * time.Millisecond)) {
+		if ev.Type == "BlockStored" && ev.Medium == "GPU" {
+			gpuStores = append(gpuStores, len(ev.Hashes))
+		}
+	}
+	if len(gpuStores) != 2 || gpuStores[1] == 0 || gpuStores[1] > gpuStores[0] {
+		t.Errorf("GPU stores %v: want the first request's blocks, nothing for the second, the reused blocks again for the third", gpuStores)
+	}
+	if code, _ := post(t, e.URL()+"/v1/chat/completions", body("everything")); code != http.StatusBadRequest {
+		t.Errorf("an unknown kv_cache_report_mode: %d", code)
 	}
 }

@@ -51,10 +51,12 @@ func ParseEncoding(s string) (Encoding, error) {
 	return 0, fmt.Errorf("unknown event encoding %q (want map, array or array-legacy)", s)
 }
 
-// Storage media named in events: vLLM's MEDIUM_GPU and the CPU offload tier.
+// Storage media named in events: vLLM's MEDIUM_GPU and the CPU offload
+// tier; and the locality vLLM 0.33's offloading connector gives its copies.
 const (
-	mediumGPU = "GPU"
-	mediumCPU = "CPU"
+	mediumGPU     = "GPU"
+	mediumCPU     = "CPU"
+	localityLocal = "LOCAL"
 )
 
 // kvEvent is one of blockStored, blockRemoved, allBlocksCleared.
@@ -72,16 +74,18 @@ type blockStored struct {
 	loraName  string   // "": None
 	extraKeys []extras // one per block; nil: None (field omitted)
 	medium    string
-	group     bool // send group_idx=0 and kv_cache_spec_kind, as GPU-tier events do
+	group     bool   // send group_idx=0 and kv_cache_spec_kind, as GPU-tier events do
+	locality  string // "": None (map encoding only: the array layouts predate it)
 }
 
 // extras is one block's extra keys tuple; nil encodes as None.
 type extras []string
 
 type blockRemoved struct {
-	hashes []blockHash
-	medium string
-	group  bool
+	hashes   []blockHash
+	medium   string
+	group    bool
+	locality string
 }
 
 type allBlocksCleared struct{}
@@ -158,6 +162,9 @@ func (ee *eventEncoder) event(ev kvEvent) error {
 		if ee.enc != EncodingArrayLegacy {
 			fields = append(fields, field{"group_idx", !ev.group, optInt(0, ev.group)})
 		}
+		if ee.enc == EncodingMap {
+			fields = append(fields, field{"locality", ev.locality == "", optString(ev.locality)})
+		}
 	case allBlocksCleared:
 	}
 	e := ee.e
@@ -221,7 +228,7 @@ func (ee *eventEncoder) storedFields(ev blockStored) []field {
 	if ev.group {
 		kind = "full_attention"
 	}
-	return append(fields,
+	fields = append(fields,
 		field{"extra_keys", ev.extraKeys == nil, func(e *msgpack.Encoder) error {
 			if ev.extraKeys == nil {
 				return e.EncodeNil()
@@ -251,6 +258,10 @@ func (ee *eventEncoder) storedFields(ev blockStored) []field {
 		field{"kv_cache_spec_kind", !ev.group, optString(kind)},
 		field{"kv_cache_spec_sliding_window", true, optInt(0, false)},
 	)
+	if ee.enc == EncodingMap {
+		fields = append(fields, field{"locality", ev.locality == "", optString(ev.locality)})
+	}
+	return fields
 }
 
 func (ee *eventEncoder) hashList(hs []blockHash) func(*msgpack.Encoder) error {

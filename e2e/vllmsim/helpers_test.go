@@ -129,11 +129,12 @@ func ttftOf(t *testing.T, e *Engine, content string) float64 {
 
 // wireEvent is one decoded event, whichever encoding carried it.
 type wireEvent struct {
-	Type   string
-	Hashes []uint64
-	Parent any
-	Tokens []int
-	Medium any
+	Type     string
+	Hashes   []uint64
+	Parent   any
+	Tokens   []int
+	Medium   any
+	Locality any
 }
 
 // wireBatch is one received message.
@@ -175,7 +176,7 @@ func subscribe(t *testing.T, e *Engine) *subscriber {
 		}
 	}()
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		if !e.ResetPrefixCache() {
+		if !e.ResetPrefixCache(false) {
 			t.Fatal("reset refused on an idle engine")
 		}
 		select {
@@ -257,7 +258,7 @@ func decodeEvent(ev any) wireEvent {
 			}
 		}
 	}
-	w := wireEvent{Type: fields["type"].(string), Parent: fields["parent_block_hash"], Medium: fields["medium"]}
+	w := wireEvent{Type: fields["type"].(string), Parent: fields["parent_block_hash"], Medium: fields["medium"], Locality: fields["locality"]}
 	hs, _ := fields["block_hashes"].([]any)
 	for _, h := range hs {
 		w.Hashes = append(w.Hashes, toUint64(h))

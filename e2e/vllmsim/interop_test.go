@@ -41,7 +41,7 @@ func TestPyzmqInterop(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatalf("the Python SUB received nothing; stderr: %s", peer.stderr)
 				}
-				e.ResetPrefixCache()
+				e.ResetPrefixCache(false)
 				select {
 				case <-peer.lines:
 				case <-time.After(100 * time.Millisecond):

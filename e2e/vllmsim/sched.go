@@ -18,6 +18,7 @@ type request struct {
 	blocks      []*block
 	numComputed int // tokens whose KV is in blocks
 	numCached   int // blocks of blocks already committed to the cache
+	offloaded   int // chunks of blocks offloaded to the chunk tier
 	admitted    bool
 
 	arrival     float64 // simulated seconds
@@ -103,7 +104,7 @@ type stepStats struct {
 func newScheduler(cfg *Config) *scheduler {
 	return &scheduler{
 		cfg:    cfg,
-		pool:   newBlockPool(cfg.NumGPUBlocks, cfg.NumCPUBlocks, cfg.BlockSize, !cfg.DisablePrefixCaching),
+		pool:   newBlockPool(cfg.NumGPUBlocks, cfg.NumCPUBlocks, cfg.BlockSize, !cfg.DisablePrefixCaching, cfg.OffloadChunkBlocks),
 		hasher: newHasher(cfg.HashSeed),
 	}
 }
@@ -174,7 +175,10 @@ func (s *scheduler) schedule(now float64) []work {
 		s.pool.touch(hit)
 		for _, h := range r.hashes[len(hit) : len(hit)+cpuHit] {
 			// Most recently used now, so the evictions below spare them.
-			s.pool.cpu.touch(h)
+			s.pool.lowerTouch(h)
+		}
+		if r.meta.reportAll {
+			s.pool.reuse(hit, r.meta)
 		}
 		r.blocks = append(hit[:len(hit):len(hit)], s.pool.allocate(need)...)
 		r.numCached = len(hit)
@@ -187,7 +191,7 @@ func (s *scheduler) schedule(now float64) []work {
 			r.cachedToks = computed
 			s.stats.prefixQueries += len(r.tokens)
 			s.stats.prefixHits += len(hit) * bs
-			if s.pool.cpu != nil {
+			if s.pool.lower() {
 				s.stats.externalQueries += len(r.tokens) - len(hit)*bs
 				s.stats.externalHits += cpuHit * bs
 			}
@@ -230,6 +234,7 @@ func (s *scheduler) commit(r *request, upTo int) {
 	bs := s.cfg.BlockSize
 	s.pool.commit(r.blocks[from:upTo], r.hashes[from:upTo], parent, r.tokens[from*bs:upTo*bs], meta)
 	r.numCached = upTo
+	r.offloaded = s.pool.offloadChunks(r.hashes, r.tokens, r.offloaded, upTo, r.meta)
 }
 
 // preempt frees r's blocks and puts it back at the head of the queue; it

@@ -28,7 +28,7 @@ func (e *Engine) routes() http.Handler {
 	mux.HandleFunc("POST /tokenize", e.handleTokenize)
 	mux.HandleFunc("POST /detokenize", e.handleDetokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
-		if !e.ResetPrefixCache() {
+		if !e.ResetPrefixCache(r.URL.Query().Get("reset_external") == "true") {
 			e.log.Warn("reset_prefix_cache refused: requests hold blocks")
 		}
 	})
@@ -76,7 +76,8 @@ type genRequest struct {
 	AddSpecialTokens     *bool           `json:"add_special_tokens"`
 	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
 	CacheSalt            *string         `json:"cache_salt"`
-	Tokens               []int           `json:"tokens"` // /detokenize
+	VLLMXargs            map[string]any  `json:"vllm_xargs"` // vLLM's SamplingParams.extra_args
+	Tokens               []int           `json:"tokens"`     // /detokenize
 }
 
 type streamOptions struct {
@@ -95,6 +96,9 @@ type parsed struct {
 	stream    bool
 	usage     bool // stream_options.include_usage
 	salt      string
+	// reportAll: vllm_xargs kv_cache_report_mode "full" asks vLLM 0.33 to
+	// announce the prefix-cache blocks a request reuses, not only new ones.
+	reportAll bool
 }
 
 // decodeBody reads a JSON request body.
@@ -158,6 +162,13 @@ func (e *Engine) validate(path string, req *genRequest) (*parsed, *apiError) {
 			return nil, badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
 		}
 		p.salt = *req.CacheSalt
+	}
+	switch mode := req.VLLMXargs["kv_cache_report_mode"]; mode {
+	case nil, "incremental":
+	case "full":
+		p.reportAll = true
+	default:
+		return nil, badRequest("kv_cache_report_mode %v: want incremental or full", mode)
 	}
 	maxTokens := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
@@ -315,7 +326,7 @@ func (e *Engine) newRequest(p *parsed, i int) *request {
 		promptLen: len(toks),
 		maxOutput: p.maxOutput[i],
 		reason:    p.reason,
-		meta:      storeMeta{loraID: p.loraID, loraName: p.loraName, salt: p.salt},
+		meta:      storeMeta{loraID: p.loraID, loraName: p.loraName, salt: p.salt, reportAll: p.reportAll},
 	}
 	return r
 }

@@ -59,7 +59,10 @@ STORED_LEGACY = STORED_V010 + [("lora_name", str | None, ...)]
 STORED_CURRENT = STORED_LEGACY + [
     ("extra_keys", list[tuple[Any, ...] | None] | None, None), ("group_idx", int | None, None),
     ("kv_cache_spec_kind", str | None, None), ("kv_cache_spec_sliding_window", int | None, None)]
-STORED_FORK = STORED_CURRENT + [("locality", str | None, None), ("ownership", str | None, None), ("session_id", str | None, None)]
+# vLLM 0.33 (first seen in forks): where a copy lives and which secondary
+# offloading tier owns it, both part of a copy's identity on removal.
+STORED_FORK = STORED_CURRENT + [("locality", str | None, None), ("ownership", str | None, None), ("session_id", str | None, None),
+                                ("lookahead_token_ids", list[list[int]] | None, None)]
 REMOVED_V08 = [("block_hashes", list[Hash], ...)]
 REMOVED_LEGACY = REMOVED_V08 + [("medium", str | None, ...)]
 REMOVED_CURRENT = REMOVED_LEGACY + [("group_idx", int | None, None)]
@@ -131,6 +134,7 @@ def want(structs, evs, ts, rank, token_pairs=False):
         w["group"] = f.get("group_idx") or 0
         w["spec_kind"] = f.get("kv_cache_spec_kind") or ""
         w["locality"] = f.get("locality") or ""
+        w["ownership"] = f.get("ownership") or ""
         out.append(w)
     return {"ts": ts, "dp_rank": rank, "events": out}
 
@@ -169,7 +173,7 @@ def main():
         f.write(enc.encode(raw))
     wants["sglang-pairs"] = {"ts": 1789095808.5, "dp_rank": 0, "events": [{
         "kind": "BlockStored", "hashes": [str(SMALL)], "tokens": list(range(100, 117)), "block_size": 16, "lora_id": 0,
-        "lora_name": "", "medium": "GPU", "group": 0, "spec_kind": "", "locality": ""}]}
+        "lora_name": "", "medium": "GPU", "group": 0, "spec_kind": "", "locality": "", "ownership": ""}]}
 
     with open("want.json", "w") as f:
         json.dump(wants, f, indent=1)

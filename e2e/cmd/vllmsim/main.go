@@ -77,6 +77,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.DataParallelRank, "data-parallel-rank", 0, "data_parallel_rank written into event batches")
 
 	fs.IntVar(&cfg.NumCPUBlocks, "num-cpu-blocks", 0, "simulator: CPU offload tier capacity in blocks (0: no CPU tier)")
+	fs.IntVar(&cfg.OffloadChunkBlocks, "offload-chunk-blocks", 0, "simulator: offload requests' blocks to the CPU tier in chunks of N with self-describing events (vLLM 0.33); 0: block by block on GPU eviction")
 	fs.StringVar(&encoding, "kv-events-encoding", "map", "simulator: event layout: map (vLLM >= 0.26), array, array-legacy")
 	fs.BoolVar(&cfg.BatchAsMap, "kv-events-batch-map", false, "simulator: encode the outer event batch as a map")
 	fs.BoolVar(&cfg.BytesHashes, "kv-events-bytes-hashes", os.Getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES") == "0", "simulator: publish 32-byte block hashes instead of 64-bit integers")
