@@ -401,7 +401,7 @@ type chunkTier struct {
 	n, capacity int // blocks per chunk; blocks held at most
 	used        int
 	chunks      map[blockHash]*chunk
-	head        chunk              // sentinel: head.next is least recently used
+	head        chunk             // sentinel: head.next is least recently used
 	counts      map[blockHash]int // chunks holding each hash
 }
 

@@ -38,16 +38,16 @@ type Config struct {
 	// LoRAModules are adapters listed by /v1/models and accepted as "model".
 	LoRAModules []LoRAModule
 
-	BlockSize           int // tokens per KV block
-	NumGPUBlocks        int // GPU KV blocks, including vLLM's reserved null block
-	NumCPUBlocks        int // CPU offload tier capacity in blocks; 0: no CPU tier
+	BlockSize    int // tokens per KV block
+	NumGPUBlocks int // GPU KV blocks, including vLLM's reserved null block
+	NumCPUBlocks int // CPU offload tier capacity in blocks; 0: no CPU tier
 	// OffloadChunkBlocks makes the CPU tier vLLM 0.33's offloading
 	// connector with self-describing events: requests' blocks offloaded in
 	// chunks of this many as they are computed, each chunk announced with
 	// its tokens, hashes shared by two chunks announced twice. 0: blocks
 	// offloaded one by one when the GPU evicts them, announced by hash
 	// alone (the connector's legacy payload).
-	OffloadChunkBlocks int
+	OffloadChunkBlocks  int
 	MaxNumBatchedTokens int // token budget per engine step
 	MaxNumSeqs          int // running sequences at most
 	MaxModelLen         int // prompt + output tokens at most; 0: min(32768, cache capacity)
