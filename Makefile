@@ -53,7 +53,7 @@ build/wasmexec: $(shell find e2e/cmd/wasmexec -name '*.go')
 
 # bench runs the hot-path benchmarks natively; bench-wasm runs the same
 # benchmarks compiled to wasip1 inside wazero.
-BENCH_PKGS := ./shared/blockhash ./shared/prompt ./shared/snapshot ./shared/policy ./shared/report ./shared/approx ./cachesync/index
+BENCH_PKGS := ./shared/blockhash ./shared/prompt ./shared/snapshot ./shared/policy ./shared/report ./shared/approx ./cachesync/internal/index
 # The shared packages the filter links, tested again compiled to Wasm.
 WASM_TEST_PKGS := ./shared/blockhash ./shared/prompt ./shared/report ./shared/approx
 bench:

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvroute/kvroute/cachesync/calibrate"
-	"github.com/kvroute/kvroute/cachesync/discovery"
+	"github.com/kvroute/kvroute/cachesync/internal/calibrate"
+	"github.com/kvroute/kvroute/cachesync/internal/discovery"
 	"github.com/kvroute/kvroute/shared/approx"
 	"github.com/kvroute/kvroute/shared/blockhash"
 )

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/cachesync/discovery"
+	"github.com/kvroute/kvroute/cachesync/internal/discovery"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/prompt"

@@ -3,9 +3,9 @@ package daemon
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvroute/kvroute/cachesync/bridge"
-	"github.com/kvroute/kvroute/cachesync/discovery"
-	"github.com/kvroute/kvroute/cachesync/kvevents"
+	"github.com/kvroute/kvroute/cachesync/internal/bridge"
+	"github.com/kvroute/kvroute/cachesync/internal/discovery"
+	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )

@@ -3,7 +3,7 @@ package daemon
 import (
 	"sync"
 
-	"github.com/kvroute/kvroute/cachesync/bridge"
+	"github.com/kvroute/kvroute/cachesync/internal/bridge"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/pkoukk/tiktoken-go"
 	tiktokenloader "github.com/pkoukk/tiktoken-go-loader"
 
-	"github.com/kvroute/kvroute/cachesync/kvevents"
-	"github.com/kvroute/kvroute/cachesync/vocab"
+	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
+	"github.com/kvroute/kvroute/cachesync/internal/vocab"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/prompt"

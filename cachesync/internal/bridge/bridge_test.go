@@ -6,7 +6,7 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/kvroute/kvroute/cachesync/kvevents"
+	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )

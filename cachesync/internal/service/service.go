@@ -37,7 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/kvroute/kvroute/cachesync/index"
+	"github.com/kvroute/kvroute/cachesync/internal/index"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
 	"github.com/kvroute/kvroute/shared/syncapi"

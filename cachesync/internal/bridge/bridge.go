@@ -44,8 +44,8 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/kvroute/kvroute/cachesync/kvevents"
-	"github.com/kvroute/kvroute/cachesync/vocab"
+	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
+	"github.com/kvroute/kvroute/cachesync/internal/vocab"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )

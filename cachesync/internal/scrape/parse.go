@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/kvroute/kvroute/cachesync/calibrate"
+	"github.com/kvroute/kvroute/cachesync/internal/calibrate"
 )
 
 // Kind is the engine software behind a target, told by its metric names.

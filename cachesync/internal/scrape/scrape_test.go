@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/cachesync/calibrate"
+	"github.com/kvroute/kvroute/cachesync/internal/calibrate"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 

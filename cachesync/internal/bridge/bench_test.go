@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvroute/kvroute/cachesync/kvevents"
+	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/kvroute/kvroute/cachesync/kvevents"
-	"github.com/kvroute/kvroute/cachesync/vocab"
+	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
+	"github.com/kvroute/kvroute/cachesync/internal/vocab"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
