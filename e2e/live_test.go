@@ -30,7 +30,11 @@ type fakeCachesync struct {
 }
 
 func newFakeCachesync(t testing.TB, eps ...snapshot.EndpointInfo) *fakeCachesync {
-	b, err := snapshot.NewBuilder(snapshot.BuilderConfig{FirstGeneration: 100})
+	return newFakeCachesyncWith(t, snapshot.BuilderConfig{FirstGeneration: 100}, eps...)
+}
+
+func newFakeCachesyncWith(t testing.TB, cfg snapshot.BuilderConfig, eps ...snapshot.EndpointInfo) *fakeCachesync {
+	b, err := snapshot.NewBuilder(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,6 +207,29 @@ func TestSnapshotRoutingFollowsCachesync(t *testing.T) {
 	}
 	if lockHolders != 1 {
 		t.Errorf("%d VMs fetched snapshots, want exactly one", lockHolders)
+	}
+}
+
+// TestSnapshotBytesPerToken: the filter estimates prompt tokens with the
+// bytes per token cachesync publishes (its -bytes-per-token), not a
+// constant of its own.
+func TestSnapshotBytesPerToken(t *testing.T) {
+	body := chatBody(t, "qwen", strings.Repeat("a prompt nobody holds yet ", 80))
+	p, err := prompt.Render(nil, body, prompt.ChatML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bpt := range []float64{2, 4, 8} {
+		h := newHost(t, wasmhost.Fixed)
+		f := newFakeCachesyncWith(t, snapshot.BuilderConfig{FirstGeneration: 100, BytesPerToken: bpt}, engines(threeEndpoints...)...)
+		vm := newLiveVM(t, h, f, liveConfig(t, nil))
+		syncVMs(vm)
+		s := send(t, vm, postHeaders("/v1/chat/completions"), body, 4096)
+		want := "uncached_tokens=" + strconv.Itoa(int(float64(len(p.Text))/bpt))
+		if d := decisionOf(t, s); !strings.Contains(d, want) {
+			t.Errorf("bytes per token %v: decision %q, want %s", bpt, d, want)
+		}
+		s.Close()
 	}
 }
 

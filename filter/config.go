@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/approx"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -77,7 +78,7 @@ func defaultConfig() config {
 		policy:         policy.DefaultConfig(),
 		reportBlocks:   2048,
 		// llm-d's default LRU capacity per server: about 500k tokens.
-		localBlocks: 31250,
+		localBlocks: approx.DefaultCapacity,
 		holdTimeout: 5 * time.Second,
 	}
 }
@@ -126,7 +127,7 @@ func eachField(obj gjson.Result, prefix string, set func(string, gjson.Result) e
 
 // finish checks what only the whole configuration can tell.
 func (c *config) finish() error {
-	c.policy.BlockTokens = max(1, c.hashing.Size()/4)
+	c.policy.BlockBytes = c.hashing.Size()
 	if _, err := policy.New(c.policy); err != nil {
 		return fieldErr("policy", err.Error())
 	}

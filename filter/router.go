@@ -106,9 +106,13 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, stale, mod
 	r.text = p.Text[:0]
 	seed := blockhash.Seed(p.Model, "")
 	r.hashes = blockhash.Append(r.hashes[:0], seed, p.Text, r.cfg.hashing)
-	d := decision{model: p.Model, promptTokens: max(1, len(p.Text)/4)}
-
+	var m *snapshot.Manifest
 	if view != nil && view.Loaded() {
+		m = view.Manifest()
+	}
+	d := decision{model: p.Model, promptTokens: policy.Tokens(len(p.Text), m)}
+
+	if m != nil {
 		req := policy.Request{
 			Model:        p.Model,
 			Hashes:       r.hashes,

@@ -12,8 +12,11 @@ import (
 
 	"github.com/kvroute/kvroute/cachesync/internal/calibrate"
 	"github.com/kvroute/kvroute/cachesync/internal/discovery"
+	"github.com/kvroute/kvroute/cachesync/internal/index"
+	"github.com/kvroute/kvroute/cachesync/internal/scrape"
 	"github.com/kvroute/kvroute/shared/approx"
 	"github.com/kvroute/kvroute/shared/blockhash"
+	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
 // Config is the daemon's configuration: flags, each of which can also come
@@ -43,7 +46,7 @@ type Config struct {
 	ScrapeInterval time.Duration
 	ScrapeMisses   int
 	Calibration    calibrate.Config
-	BytesPerToken  float64 // sizes approximate indexes from KV capacity
+	BytesPerToken  float64 // sizes approximate indexes from KV capacity; published to the filters in the snapshot
 
 	LogFormat string // "text" or "json"
 	LogLevel  slog.Level
@@ -69,15 +72,15 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.StringVar(&c.Tokenizer, "tokenizer", "", "engines' vocabulary for the precise index: tokenizer.json, model dir, tiktoken file or cl100k_base/o200k_base")
 	fs.IntVar(&c.Hash.BlockSize, "block-size", blockhash.DefaultBlockSize, "text block size in bytes; must match the filters")
 	fs.IntVar(&c.Hash.MaxBlocks, "max-blocks", blockhash.DefaultMaxBlocks, "blocks hashed per prompt at most; must match the filters")
-	fs.DurationVar(&c.SyncInterval, "sync-interval", 100*time.Millisecond, "least time between snapshot builds")
+	fs.DurationVar(&c.SyncInterval, "sync-interval", index.DefaultInterval, "least time between snapshot builds")
 	fs.StringVar(&c.ReportToken, "report-token", "", "bearer token gateways present with routing reports; empty disables reports")
 	reportTokenFile := fs.String("report-token-file", "", "file holding the report token")
-	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", time.Second, "time between metric scrapes of an engine")
-	fs.IntVar(&c.ScrapeMisses, "scrape-misses", 3, "failed scrapes in a row before an engine is unhealthy")
+	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", scrape.DefaultInterval, "time between metric scrapes of an engine")
+	fs.IntVar(&c.ScrapeMisses, "scrape-misses", scrape.DefaultMisses, "failed scrapes in a row before an engine is unhealthy")
 	fs.Float64Var(&c.Calibration.Default, "prefill-rate", calibrate.DefaultRate, "prefill tokens/s assumed until calibrated")
 	fs.Float64Var(&c.Calibration.Ceiling, "prefill-rate-max", 0, "highest calibrated prefill rate accepted (default 4x -prefill-rate)")
 	fs.DurationVar(&c.Calibration.TMax, "t-max", calibrate.DefaultTMax, "prefill backlog at which an engine saturates: threshold = rate x t-max")
-	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token, to size approximate indexes")
+	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token: sizes approximate indexes, and the filters estimate prompt tokens by it (sent in the snapshot)")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 
@@ -135,8 +138,8 @@ func (c *Config) Validate() error {
 		return errors.New("sync-interval: want at least 10ms")
 	case c.ScrapeInterval < 10*time.Millisecond || c.ScrapeMisses < 1:
 		return errors.New("scrape-interval must be at least 10ms and scrape-misses at least 1")
-	case !(c.BytesPerToken > 0):
-		return errors.New("bytes-per-token must be positive")
+	case !(c.BytesPerToken > 0 && c.BytesPerToken <= snapshot.MaxBytesPerToken):
+		return errors.New("bytes-per-token must be above 0 and at most 64")
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return errors.New("log-format: want text or json")
 	}

@@ -106,7 +106,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if d.source, err = cfg.source(log); err != nil {
 		return nil, err
 	}
-	if d.ix, err = index.New(index.Config{Interval: cfg.SyncInterval, Registerer: d.reg, Logger: log}); err != nil {
+	if d.ix, err = index.New(index.Config{Interval: cfg.SyncInterval, Snapshot: snapshot.BuilderConfig{BytesPerToken: cfg.BytesPerToken}, Registerer: d.reg, Logger: log}); err != nil {
 		return nil, err
 	}
 	if d.svc, err = service.New(service.Config{

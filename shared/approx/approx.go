@@ -33,6 +33,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 
+	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
@@ -238,6 +239,13 @@ type Sizing struct {
 // DefaultBytesPerToken is the default text-to-token ratio.
 const DefaultBytesPerToken = 4
 
+// DefaultCapacity is the capacity, in text blocks, of an endpoint whose
+// KV-cache size is not known: the 31,250-block LRU per server of the
+// Gateway API Inference Extension's approximate prefix scorer (500k tokens
+// of its 16-token blocks), in filter's local mode and in cachesync until an
+// engine's metrics say more.
+const DefaultCapacity = 31250
+
 // Blocks returns how many text blocks an engine holding tokens tokens of KV
 // cache holds: for vLLM, num_gpu_blocks x block_size from
 // vllm:cache_config_info; for SGLang, num_pages x page_size (or
@@ -249,7 +257,7 @@ func (s Sizing) Blocks(tokens int64) int {
 		bpt = DefaultBytesPerToken
 	}
 	if bb <= 0 {
-		bb = 64
+		bb = blockhash.DefaultBlockSize
 	}
 	n := math.Floor(float64(tokens) * bpt / float64(bb))
 	switch {

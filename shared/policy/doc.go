@@ -12,7 +12,8 @@
 // (snapshot.View.Prefix) gives the leading blocks it holds in any tier (B)
 // and on the GPU (G). Its effective cached blocks are G + d*(B-G), d being
 // Config.CPUDiscount (a CPU-tier hit still costs a transfer), and its
-// cached tokens are that times Config.BlockTokens, at most the prompt.
+// cached tokens are that times the tokens of a block (Config.BlockBytes over
+// the snapshot's bytes per token), at most the prompt.
 //
 // Load is token-aware. In ModePrefill an endpoint's estimated time to first
 // token is
@@ -98,5 +99,6 @@
 //   - CPUDiscount 0.8: llm-d-kv-cache's weight for CPU-tier hits.
 //   - Hysteresis 0.1, TieTolerance 25 ms (about 400 tokens of prefill at
 //     the default rate), TieRequests 1.
-//   - BlockTokens 16: a 64-byte block of text is about 16 tokens.
+//   - BlockBytes 64, the filter's block size; cachesync's -bytes-per-token
+//     (default 4) reaches the policy in the snapshot.
 package policy

@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/approx"
+	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
@@ -98,9 +100,14 @@ type Config struct {
 	TieTolerance time.Duration
 	// TieRequests: loads this many requests apart are a tie (decode mode).
 	TieRequests int
-	// BlockTokens is the number of tokens in one hashed block.
-	BlockTokens int
+	// BlockBytes is the size of one hashed block of prompt text; with the
+	// snapshot's bytes per token it says how many tokens a block holds.
+	BlockBytes int
 }
+
+// DefaultPrefillRate is llm-d's shipped peak prefill rate, in tokens per
+// second: what an endpoint no one has calibrated is taken to prefill.
+const DefaultPrefillRate = 15928
 
 // DefaultConfig returns the defaults: llm-d's for the affinity threshold,
 // TTFT penalty and prefill throughput; see doc.go for the others.
@@ -110,13 +117,13 @@ func DefaultConfig() Config {
 		AffinityThreshold: 0.8,
 		MaxTTFTPenalty:    18 * time.Second,
 		MaxTTFT:           60 * time.Second,
-		PrefillRate:       15928,
+		PrefillRate:       DefaultPrefillRate,
 		DecodeCap:         256,
 		CPUDiscount:       0.8,
 		Hysteresis:        0.1,
 		TieTolerance:      25 * time.Millisecond,
 		TieRequests:       1,
-		BlockTokens:       16,
+		BlockBytes:        blockhash.DefaultBlockSize,
 	}
 }
 
@@ -138,10 +145,26 @@ func (c *Config) validate() error {
 		return errors.New("policy: hysteresis must be at least 0 and below 1")
 	case c.TieTolerance < 0 || c.TieRequests < 0:
 		return errors.New("policy: tie tolerances must be >= 0")
-	case c.BlockTokens < 1:
-		return errors.New("policy: block tokens must be at least 1")
+	case c.BlockBytes < 1:
+		return errors.New("policy: block bytes must be at least 1")
 	}
 	return nil
+}
+
+// BytesPerToken returns how many bytes of prompt text a token stands for
+// under snapshot m: what cachesync publishes, else the default. m may be
+// nil.
+func BytesPerToken(m *snapshot.Manifest) float64 {
+	if m != nil && m.BytesPerToken() > 0 {
+		return m.BytesPerToken()
+	}
+	return approx.DefaultBytesPerToken
+}
+
+// Tokens estimates the tokens of n bytes of prompt text under snapshot m
+// (nil for none): at least 1.
+func Tokens(n int, m *snapshot.Manifest) int {
+	return max(1, int(float64(n)/BytesPerToken(m)))
 }
 
 // Local is this gateway's own load on one endpoint, which the snapshot sees
@@ -155,8 +178,8 @@ type Local struct {
 type Request struct {
 	Model  string   // the requested model or adapter; "" matches every endpoint
 	Hashes []uint64 // the prompt's chained block hashes
-	// PromptTokens estimates the prompt's length; 0 means
-	// len(Hashes) * BlockTokens.
+	// PromptTokens estimates the prompt's length (see Tokens); 0 means
+	// the tokens of len(Hashes) blocks.
 	PromptTokens int
 	// Local is indexed like the snapshot's endpoint table; missing rows
 	// count as zero.
@@ -260,9 +283,10 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 	}
 	d := Decision{Endpoint: -1}
 	d.Lookups = v.Prefix(r.Hashes, p.match[:n])
+	blockTokens := float64(p.cfg.BlockBytes) / BytesPerToken(m)
 	prompt := float64(r.PromptTokens)
 	if prompt <= 0 {
-		prompt = float64(len(r.Hashes) * p.cfg.BlockTokens)
+		prompt = float64(len(r.Hashes)) * blockTokens
 	}
 
 	// Loops range over slices of length n so that Go can drop the bounds
@@ -276,7 +300,7 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		if e.Vacant() || e.Health() != snapshot.HealthHealthy || (model >= 0 && !e.Serves(model)) {
 			continue
 		}
-		p.estimate(c, e, i, r, prompt)
+		p.estimate(c, e, i, r, prompt, blockTokens)
 		d.Eligible++
 		if c.flags&isWarm != 0 && c.eff > maxEff {
 			maxEff = c.eff
@@ -337,12 +361,12 @@ func (p *Picker) grow(n int) {
 }
 
 // estimate fills in the load figures of eligible endpoint e in slot i.
-func (p *Picker) estimate(c *cand, e snapshot.Endpoint, i int, r *Request, prompt float64) {
+func (p *Picker) estimate(c *cand, e snapshot.Endpoint, i int, r *Request, prompt, blockTokens float64) {
 	cfg := &p.cfg
 	mt := p.match[i]
 	c.flags = isEligible
 	c.eff = float64(mt.GPU) + cfg.CPUDiscount*float64(mt.Blocks-mt.GPU)
-	cached := min(prompt, c.eff*float64(cfg.BlockTokens))
+	cached := min(prompt, c.eff*blockTokens)
 	if cached > 0 && cached >= cfg.AffinityThreshold*prompt {
 		c.flags |= isWarm
 	}

@@ -487,7 +487,7 @@ func TestConfig(t *testing.T) {
 		func(c *Config) { c.CPUDiscount = -0.1 },
 		func(c *Config) { c.Hysteresis = 1 },
 		func(c *Config) { c.TieRequests = -1 },
-		func(c *Config) { c.BlockTokens = 0 },
+		func(c *Config) { c.BlockBytes = 0 },
 	}
 	for i, edit := range bad {
 		cfg := DefaultConfig()

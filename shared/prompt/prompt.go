@@ -42,6 +42,8 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+
+	"github.com/kvroute/kvroute/shared/errdetail"
 )
 
 // Template names a chat-template family.
@@ -127,16 +129,8 @@ var (
 	ErrTemplate = errors.New("prompt: chat template rejects the conversation")
 )
 
-type detailError struct {
-	kind   error
-	detail string
-}
-
-func (e *detailError) Error() string { return e.kind.Error() + ": " + e.detail }
-func (e *detailError) Unwrap() error { return e.kind }
-
-func malformed(detail string) error { return &detailError{ErrMalformed, detail} }
-func rejected(detail string) error  { return &detailError{ErrTemplate, detail} }
+func malformed(detail string) error { return errdetail.New(ErrMalformed, detail) }
+func rejected(detail string) error  { return errdetail.New(ErrTemplate, detail) }
 
 // A Renderer renders request bodies, reusing its scratch space from one call
 // to the next. It is not safe for concurrent use.

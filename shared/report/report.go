@@ -28,6 +28,8 @@ import (
 	"strconv"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/shared/errdetail"
 )
 
 // Version is the batch format version this package writes and the only one
@@ -75,15 +77,7 @@ var (
 	ErrLimit = errors.New("report: over limit")
 )
 
-type detailError struct {
-	kind error
-	msg  string
-}
-
-func (e *detailError) Error() string   { return e.kind.Error() + ": " + e.msg }
-func (e *detailError) Is(t error) bool { return t == e.kind }
-
-func corrupt(msg string) error { return &detailError{ErrCorrupt, msg} }
+func corrupt(msg string) error { return errdetail.New(ErrCorrupt, msg) }
 
 // Limits bound what a reader accepts. The zero value means the defaults.
 type Limits struct {
@@ -159,7 +153,7 @@ func recordSize(b []byte, maxHashes int) (size, hashes int, err error) {
 		if n > MaxHashes {
 			return 0, 0, corrupt("hash count " + strconv.FormatUint(uint64(n), 10) + " out of range")
 		}
-		return 0, 0, &detailError{ErrLimit, "record with " + strconv.FormatUint(uint64(n), 10) + " hashes, limit " + strconv.Itoa(maxHashes)}
+		return 0, 0, errdetail.New(ErrLimit, "record with "+strconv.FormatUint(uint64(n), 10)+" hashes, limit "+strconv.Itoa(maxHashes))
 	}
 	size = recordFixed + ep + model + 8*int(n)
 	if size > len(b) {
@@ -253,7 +247,7 @@ func Parse(b []byte, lim Limits) (Batch, error) {
 		return Batch{}, corrupt("bad magic")
 	}
 	if v := le.Uint16(b[4:]); v != Version {
-		return Batch{}, &detailError{ErrVersion, "version " + strconv.Itoa(int(v))}
+		return Batch{}, errdetail.New(ErrVersion, "version "+strconv.Itoa(int(v)))
 	}
 	end := len(b) - trailerSize
 	if xxhash.Sum64(b[:end]) != le.Uint64(b[end:]) {
@@ -264,7 +258,7 @@ func Parse(b []byte, lim Limits) (Batch, error) {
 	}
 	n := le.Uint32(b[8:])
 	if uint64(n) > uint64(lim.records()) {
-		return Batch{}, &detailError{ErrLimit, strconv.FormatUint(uint64(n), 10) + " records, limit " + strconv.Itoa(lim.records())}
+		return Batch{}, errdetail.New(ErrLimit, strconv.FormatUint(uint64(n), 10)+" records, limit "+strconv.Itoa(lim.records()))
 	}
 	bt := Batch{recs: b[headerSize:end], n: int(n)}
 	p, maxHashes := bt.recs, lim.hashes()
@@ -283,13 +277,7 @@ func Parse(b []byte, lim Limits) (Batch, error) {
 }
 
 // inRecord names record i in err's detail.
-func inRecord(i int, err error) error {
-	var d *detailError
-	if !errors.As(err, &d) {
-		return err
-	}
-	return &detailError{d.kind, "record " + strconv.Itoa(i) + ": " + d.msg}
-}
+func inRecord(i int, err error) error { return errdetail.Prefix("record "+strconv.Itoa(i)+": ", err) }
 
 // Len returns the number of records.
 func (b Batch) Len() int { return b.n }

@@ -105,12 +105,19 @@ type BuilderConfig struct {
 	// from the clock so that a restarted cachesync never reuses a
 	// generation that fetchers still hold.
 	FirstGeneration uint64
+	// BytesPerToken is published in every manifest: how many bytes of
+	// prompt text a token stands for, 0 (unknown) to MaxBytesPerToken.
+	BytesPerToken float64
 }
+
+// MaxBytesPerToken bounds BuilderConfig.BytesPerToken.
+const MaxBytesPerToken = 64
 
 // Builder keeps the authoritative index and endpoint table and encodes a
 // new generation on each Build. It is not safe for concurrent use; the
 // Images it returns are.
 type Builder struct {
+	bpt       float32
 	shardBits uint8
 	budget    int
 	gen       uint64
@@ -159,7 +166,11 @@ func NewBuilder(cfg BuilderConfig) (*Builder, error) {
 	if bits < 1 || bits > MaxShardBits {
 		return nil, errors.New("snapshot: shard bits must be 1 to 12")
 	}
+	if !(cfg.BytesPerToken >= 0 && cfg.BytesPerToken <= MaxBytesPerToken) {
+		return nil, errors.New("snapshot: bytes per token must be 0 to 64")
+	}
 	b := &Builder{
+		bpt:       float32(cfg.BytesPerToken),
 		shardBits: uint8(bits),
 		budget:    cfg.DeltaBudget,
 		gen:       cfg.FirstGeneration,
@@ -328,7 +339,7 @@ func (b *Builder) Build(now time.Time) *Image {
 		im.shards[i] = b.shards[i].part
 		refs[i] = partRef(b.shards[i].part, b.shards[i].n)
 	}
-	im.manifest = appendManifest(nil, gen, now, b.shardBits, partRef(b.delta, b.deltaEntries), refs, b.eps)
+	im.manifest = appendManifest(nil, gen, now, b.bpt, b.shardBits, partRef(b.delta, b.deltaEntries), refs, b.eps)
 	b.gen = gen
 	return im
 }

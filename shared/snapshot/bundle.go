@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/shared/errdetail"
 )
 
 const (
@@ -93,7 +95,7 @@ func ParseBundle(b []byte) (*Bundle, error) {
 		return nil, corrupt("bundle: bad magic")
 	}
 	if v := le.Uint16(b[4:]); v != Version {
-		return nil, &detailError{ErrVersion, "bundle: version " + strconv.Itoa(int(v))}
+		return nil, errdetail.New(ErrVersion, "bundle: version "+strconv.Itoa(int(v)))
 	}
 	if xxhash.Sum64(b[:len(b)-trailerSize]) != le.Uint64(b[len(b)-trailerSize:]) {
 		return nil, corrupt("bundle: checksum mismatch")

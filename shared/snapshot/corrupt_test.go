@@ -85,9 +85,9 @@ func TestCorruptParts(t *testing.T) {
 			t.Fatalf("%v with a trailing byte: %v", p.kind, err)
 		}
 		c := slices.Clone(p.b)
-		c[4] = 2
+		c[4] = Version + 1
 		if err := parseAny(p.kind, reseal(c)); !errors.Is(err, ErrVersion) {
-			t.Fatalf("%v version 2: %v", p.kind, err)
+			t.Fatalf("%v version %d: %v", p.kind, Version+1, err)
 		}
 	}
 	if _, err := ParseManifest(im.delta); !errors.Is(err, ErrCorrupt) {
@@ -270,7 +270,8 @@ func TestBundle(t *testing.T) {
 }
 
 func buildBundle(gen, since uint64, parts ...[]byte) []byte {
-	b := append([]byte(bundleMagic), 1, 0, 0, 0)
+	b := le.AppendUint16([]byte(bundleMagic), Version)
+	b = append(b, 0, 0)
 	b = le.AppendUint64(b, gen)
 	b = le.AppendUint64(b, since)
 	b = le.AppendUint32(b, uint32(len(parts)))

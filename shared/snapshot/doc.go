@@ -27,7 +27,7 @@
 //
 //	off  size  field
 //	0    4     magic "KVRS"
-//	4    2     format version, 1
+//	4    2     format version, 2
 //	6    1     kind: 1 manifest, 2 shard, 3 delta
 //	7    1     reserved, 0
 //	8    8     generation at which the part was written
@@ -71,7 +71,7 @@
 //	40   4     name count M
 //	44   4     name-id count I
 //	48   4     string bytes T
-//	52   4     reserved, 0
+//	52   4     bytes of prompt text a token stands for, float32; 0 unknown
 //	56   24    delta reference
 //	80   24·2^S shard references, by index
 //	     64E   endpoint rows, by slot
@@ -105,7 +105,7 @@
 // A bundle, the body of the HTTP response a fetcher gets from cachesync:
 //
 //	0    4     magic "KVRB"
-//	4    2     format version, 1
+//	4    2     format version, 2
 //	6    2     reserved, 0
 //	8    8     generation
 //	16   8     since: the generation it brings a fetcher up from; 0 for full

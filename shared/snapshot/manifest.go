@@ -18,6 +18,7 @@ const (
 type Manifest struct {
 	ref       ref
 	created   int64
+	bpt       float32
 	shardBits uint8
 	n, m      int
 	delta     ref
@@ -48,8 +49,12 @@ func (m *Manifest) parse(b []byte) error {
 	}
 	bits := b[32]
 	n, nm, nid, ns := le.Uint32(b[36:]), le.Uint32(b[40:]), le.Uint32(b[44:]), le.Uint32(b[48:])
-	if b[33]|b[34]|b[35] != 0 || le.Uint32(b[52:]) != 0 {
+	if b[33]|b[34]|b[35] != 0 {
 		return corrupt("manifest: reserved bytes set")
+	}
+	bpt := math.Float32frombits(le.Uint32(b[52:]))
+	if !(bpt >= 0 && bpt <= MaxBytesPerToken) {
+		return corrupt("manifest: bytes per token out of range")
 	}
 	if bits < 1 || bits > MaxShardBits || n > MaxEndpoints {
 		return corrupt("manifest: bad shard bits or endpoint count")
@@ -59,7 +64,7 @@ func (m *Manifest) parse(b []byte) error {
 	if size != uint64(len(b)) {
 		return corrupt("manifest: size does not match its counts")
 	}
-	*m = Manifest{ref: partRef(b, int(n)), created: int64(le.Uint64(b[24:])), shardBits: bits, n: int(n), m: int(nm), delta: readRef(b[56:])}
+	*m = Manifest{ref: partRef(b, int(n)), created: int64(le.Uint64(b[24:])), bpt: bpt, shardBits: bits, n: int(n), m: int(nm), delta: readRef(b[56:])}
 	m.ref.gen = gen
 	p := b[manifestFixed : len(b)-trailerSize]
 	m.shards, p = p[:refSize*shards], p[refSize*shards:]
@@ -104,6 +109,11 @@ func (m *Manifest) Generation() uint64 { return m.ref.gen }
 // Created returns when cachesync built the snapshot; a reader compares it
 // with its clock to decide whether the load figures are too old to trust.
 func (m *Manifest) Created() time.Time { return time.Unix(0, m.created) }
+
+// BytesPerToken returns how many bytes of prompt text cachesync takes a
+// token to stand for (it sizes approximate indexes by it, and the filter
+// estimates token counts by it); 0 when the snapshot does not say.
+func (m *Manifest) BytesPerToken() float64 { return float64(m.bpt) }
 
 // NumShards returns the number of index shards.
 func (m *Manifest) NumShards() int { return 1 << m.shardBits }
@@ -239,7 +249,7 @@ func (e Endpoint) PrefillRate() float64 { return float64(math.Float32frombits(le
 func (e Endpoint) Saturation() (Signal, int) { return Signal(e.r[21]), int(le.Uint32(e.r[36:])) }
 
 // appendManifest encodes a manifest.
-func appendManifest(dst []byte, gen uint64, created time.Time, shardBits uint8, delta ref, shards []ref, eps []epState) []byte {
+func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shardBits uint8, delta ref, shards []ref, eps []epState) []byte {
 	type nameKey struct {
 		s       string
 		adapter bool
@@ -284,9 +294,10 @@ func appendManifest(dst []byte, gen uint64, created time.Time, shardBits uint8, 
 	dst = appendHeader(dst, KindManifest, gen)
 	dst = le.AppendUint64(dst, uint64(created.UnixNano()))
 	dst = append(dst, shardBits, 0, 0, 0)
-	for _, v := range []int{len(eps), len(names), len(epIDs), len(strs), 0} {
+	for _, v := range []int{len(eps), len(names), len(epIDs), len(strs)} {
 		dst = le.AppendUint32(dst, uint32(v))
 	}
+	dst = le.AppendUint32(dst, math.Float32bits(bpt))
 	dst = appendRef(dst, delta)
 	for _, r := range shards {
 		dst = appendRef(dst, r)

@@ -6,11 +6,13 @@ import (
 	"strconv"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/shared/errdetail"
 )
 
 // Version is the format version this package writes and the only one it
 // reads.
-const Version = 1
+const Version = 2
 
 const (
 	partMagic   = "KVRS"
@@ -58,20 +60,8 @@ var (
 	ErrInconsistent = errors.New("snapshot: parts do not match the manifest")
 )
 
-// detailError carries a message and reports itself as one of the
-// sentinel errors above to errors.Is.
-type detailError struct {
-	kind error
-	msg  string
-}
-
-func (e *detailError) Error() string { return e.kind.Error() + ": " + e.msg }
-func (e *detailError) Is(t error) bool {
-	return t == e.kind
-}
-
-func corrupt(msg string) error      { return &detailError{ErrCorrupt, msg} }
-func inconsistent(msg string) error { return &detailError{ErrInconsistent, msg} }
+func corrupt(msg string) error      { return errdetail.New(ErrCorrupt, msg) }
+func inconsistent(msg string) error { return errdetail.New(ErrInconsistent, msg) }
 
 // ref identifies one part: its generation and checksum, with its size and
 // entry count for accounting. The manifest stores one per shard and one for
@@ -126,7 +116,7 @@ func checkPart(b []byte, k Kind) (uint64, error) {
 		return 0, corrupt(k.String() + ": bad magic")
 	}
 	if v := le.Uint16(b[4:]); v != Version {
-		return 0, &detailError{ErrVersion, k.String() + ": version " + strconv.Itoa(int(v))}
+		return 0, errdetail.New(ErrVersion, k.String()+": version "+strconv.Itoa(int(v)))
 	}
 	if Kind(b[6]) != k {
 		return 0, corrupt("want a " + k.String() + ", have a " + Kind(b[6]).String())

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -229,4 +230,22 @@ func maps_clone(m model) model {
 		}
 	}
 	return c
+}
+
+func TestManifestBytesPerToken(t *testing.T) {
+	for _, bpt := range []float64{0, 3.5, 4} {
+		b := newBuilder(t, BuilderConfig{ShardBits: 1, BytesPerToken: bpt}, 1)
+		m, err := ParseManifest(b.Build(epoch).manifest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.BytesPerToken(); got != bpt {
+			t.Errorf("BytesPerToken = %v, want %v", got, bpt)
+		}
+	}
+	for _, bad := range []float64{-1, MaxBytesPerToken + 1, math.NaN()} {
+		if _, err := NewBuilder(BuilderConfig{BytesPerToken: bad}); err == nil {
+			t.Errorf("builder accepted %v bytes per token", bad)
+		}
+	}
 }

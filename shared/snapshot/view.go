@@ -1,6 +1,10 @@
 package snapshot
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/kvroute/kvroute/shared/errdetail"
+)
 
 const (
 	headMagic = "KVRH"
@@ -64,7 +68,7 @@ func parseHead(b []byte) (gen, sum uint64, err error) {
 		return 0, 0, corrupt("bad head")
 	}
 	if v := le.Uint16(b[4:]); v != Version {
-		return 0, 0, &detailError{ErrVersion, "head: version " + strconv.Itoa(int(v))}
+		return 0, 0, errdetail.New(ErrVersion, "head: version "+strconv.Itoa(int(v)))
 	}
 	return le.Uint64(b[8:]), le.Uint64(b[16:]), nil
 }

@@ -40,13 +40,15 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/kvroute/kvroute/shared/policy"
 )
 
 // Defaults.
 const (
-	// DefaultRate is llm-d's shipped peak prefill rate, in tokens per
-	// second (the router's defaults, 15928 tokens/s × 18 s).
-	DefaultRate = 15928
+	// DefaultRate is the rate of an engine not calibrated yet, the
+	// policy's.
+	DefaultRate = policy.DefaultPrefillRate
 	// DefaultTMax is the largest tolerated prefill backlog, in time.
 	DefaultTMax = 18 * time.Second
 	// DefaultWindow is the shortest measurement window: long enough that

@@ -71,9 +71,8 @@ func (m Mode) String() string {
 const (
 	DefaultInterval = 100 * time.Millisecond
 	// DefaultCapacity is the approximate capacity, in text blocks, of an
-	// endpoint whose KV-cache size is not known yet: 500k tokens at the
-	// default sizing, the default of the Gateway API Inference Extension.
-	DefaultCapacity = 31250
+	// endpoint whose KV-cache size is not known yet.
+	DefaultCapacity = approx.DefaultCapacity
 	// DefaultMaxPending bounds the changes queued per precise endpoint.
 	DefaultMaxPending = 1 << 16
 	// DefaultMaxPendingHashes bounds the hashes of queued report batches.
