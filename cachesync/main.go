@@ -16,8 +16,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kvroute/kvroute/cachesync/internal/calibrate"
 	"github.com/kvroute/kvroute/cachesync/daemon"
+	"github.com/kvroute/kvroute/cachesync/internal/calibrate"
 )
 
 func main() {
