@@ -149,96 +149,97 @@ func (c *config) finish() error {
 	return nil
 }
 
-func (c *config) set(field string, v gjson.Result) error {
-	var err error
-	switch field {
-	case "paths":
-		c.paths, err = pathList(v)
-	case "max_body_bytes":
+// setter applies one field's value to a configuration.
+type setter func(c *config, v gjson.Result) (err error)
+
+// configFields are every field the configuration accepts, nested ones by
+// their dotted path; the README's configuration table lists exactly these
+// (TestREADMEListsEveryField).
+var configFields = []struct {
+	name string
+	set  setter
+}{
+	{"paths", func(c *config, v gjson.Result) (err error) { c.paths, err = pathList(v); return }},
+	{"max_body_bytes", func(c *config, v gjson.Result) (err error) {
 		c.maxBodyBytes, err = positiveInt(v, maxMaxBodyBytes)
-	case "endpoints":
-		c.endpoints, err = endpointList(v)
-	case "chat_template":
-		c.template, err = prompt.ParseTemplate(v.String())
+		return
+	}},
+	{"endpoints", func(c *config, v gjson.Result) (err error) { c.endpoints, err = endpointList(v); return }},
+	{"chat_template", func(c *config, v gjson.Result) (err error) {
 		if v.Type != gjson.String {
-			err = errors.New("want a template name")
+			return errors.New("want a template name")
 		}
-	case "block_size":
-		c.hashing.BlockSize, err = positiveInt(v, 1<<20)
-	case "max_blocks":
-		c.hashing.MaxBlocks, err = positiveInt(v, 1<<20)
-	case "affinity_blocks":
-		c.affinityBlocks, err = positiveInt(v, 1<<20)
-	case "sync_interval_ms":
-		c.syncInterval, err = millis(v, 10, 60_000)
-	case "max_staleness_ms":
-		c.maxStaleness, err = millis(v, 1, 3_600_000)
-	case "report_blocks":
-		c.reportBlocks, err = positiveInt(v, 1<<16)
-	case "local_capacity_blocks":
-		c.localBlocks, err = positiveInt(v, 1<<24-2)
-	case "hold_timeout_ms":
-		c.holdTimeout, err = millis(v, 1, 3_600_000)
-	case "debug_header":
+		c.template, err = prompt.ParseTemplate(v.Str)
+		return
+	}},
+	{"block_size", func(c *config, v gjson.Result) (err error) { c.hashing.BlockSize, err = positiveInt(v, 1<<20); return }},
+	{"max_blocks", func(c *config, v gjson.Result) (err error) { c.hashing.MaxBlocks, err = positiveInt(v, 1<<20); return }},
+	{"affinity_blocks", func(c *config, v gjson.Result) (err error) { c.affinityBlocks, err = positiveInt(v, 1<<20); return }},
+	{"sync_interval_ms", func(c *config, v gjson.Result) (err error) { c.syncInterval, err = millis(v, 10, 60_000); return }},
+	{"max_staleness_ms", func(c *config, v gjson.Result) (err error) { c.maxStaleness, err = millis(v, 1, 3_600_000); return }},
+	{"report_blocks", func(c *config, v gjson.Result) (err error) { c.reportBlocks, err = positiveInt(v, 1<<16); return }},
+	{"local_capacity_blocks", func(c *config, v gjson.Result) (err error) { c.localBlocks, err = positiveInt(v, 1<<24-2); return }},
+	{"hold_timeout_ms", func(c *config, v gjson.Result) (err error) { c.holdTimeout, err = millis(v, 1, 3_600_000); return }},
+	{"debug_header", func(c *config, v gjson.Result) error {
 		if !v.IsBool() {
-			err = errors.New("want true or false")
+			return errors.New("want true or false")
 		}
 		c.debugHeader = v.Bool()
-	case "cachesync":
-		if !v.IsObject() {
-			return fieldErr(field, "want an object")
-		}
-		c.cachesync = &cachesyncConfig{
-			authority: "cachesync", snapshotPath: syncapi.SnapshotPath, reportPath: syncapi.ReportPath,
-			timeout: 2 * time.Second,
-		}
-		return eachField(v, "cachesync.", c.set)
-	case "cachesync.cluster":
-		c.cachesync.cluster, err = nonEmpty(v)
-	case "cachesync.authority":
-		c.cachesync.authority, err = nonEmpty(v)
-	case "cachesync.snapshot_path":
-		c.cachesync.snapshotPath, err = absPath(v)
-	case "cachesync.report_path":
-		c.cachesync.reportPath, err = absPath(v)
-	case "cachesync.report_token":
-		c.cachesync.reportToken, err = nonEmpty(v)
-	case "cachesync.report_token_env":
-		c.cachesync.reportTokenEnv, err = nonEmpty(v)
-	case "cachesync.timeout_ms":
-		c.cachesync.timeout, err = millis(v, 1, 60_000)
-	case "policy":
-		if !v.IsObject() {
-			return fieldErr(field, "want an object")
-		}
-		return eachField(v, "policy.", c.set)
-	case "policy.mode":
-		c.policy.Mode, err = policy.ParseMode(v.String())
-	case "policy.affinity_threshold":
-		c.policy.AffinityThreshold, err = fraction(v)
-	case "policy.max_ttft_penalty_ms":
+		return nil
+	}},
+	{"cachesync.cluster", func(c *config, v gjson.Result) (err error) { c.cachesync.cluster, err = nonEmpty(v); return }},
+	{"cachesync.authority", func(c *config, v gjson.Result) (err error) { c.cachesync.authority, err = nonEmpty(v); return }},
+	{"cachesync.snapshot_path", func(c *config, v gjson.Result) (err error) { c.cachesync.snapshotPath, err = absPath(v); return }},
+	{"cachesync.report_path", func(c *config, v gjson.Result) (err error) { c.cachesync.reportPath, err = absPath(v); return }},
+	{"cachesync.report_token", func(c *config, v gjson.Result) (err error) { c.cachesync.reportToken, err = nonEmpty(v); return }},
+	{"cachesync.report_token_env", func(c *config, v gjson.Result) (err error) { c.cachesync.reportTokenEnv, err = nonEmpty(v); return }},
+	{"cachesync.timeout_ms", func(c *config, v gjson.Result) (err error) { c.cachesync.timeout, err = millis(v, 1, 60_000); return }},
+	{"policy.mode", func(c *config, v gjson.Result) (err error) { c.policy.Mode, err = policy.ParseMode(v.String()); return }},
+	{"policy.affinity_threshold", func(c *config, v gjson.Result) (err error) { c.policy.AffinityThreshold, err = fraction(v); return }},
+	{"policy.max_ttft_penalty_ms", func(c *config, v gjson.Result) (err error) {
 		c.policy.MaxTTFTPenalty, err = millis(v, 0, 3_600_000)
-	case "policy.max_ttft_ms":
-		c.policy.MaxTTFT, err = millis(v, 1, 3_600_000)
-	case "policy.prefill_tokens_per_second":
-		var n int
-		n, err = positiveInt(v, 1<<30)
+		return
+	}},
+	{"policy.max_ttft_ms", func(c *config, v gjson.Result) (err error) { c.policy.MaxTTFT, err = millis(v, 1, 3_600_000); return }},
+	{"policy.prefill_tokens_per_second", func(c *config, v gjson.Result) error {
+		n, err := positiveInt(v, 1<<30)
 		c.policy.PrefillRate = float64(n)
-	case "policy.decode_cap":
-		c.policy.DecodeCap, err = positiveInt(v, 1<<20)
-	case "policy.cpu_discount":
-		c.policy.CPUDiscount, err = fraction(v)
-	case "policy.hysteresis":
-		c.policy.Hysteresis, err = fraction(v)
-	case "policy.tie_tolerance_ms":
-		c.policy.TieTolerance, err = millis(v, 0, 60_000)
-	default:
-		return fieldErr(field, "unknown field")
+		return err
+	}},
+	{"policy.decode_cap", func(c *config, v gjson.Result) (err error) { c.policy.DecodeCap, err = positiveInt(v, 1<<20); return }},
+	{"policy.cpu_discount", func(c *config, v gjson.Result) (err error) { c.policy.CPUDiscount, err = fraction(v); return }},
+	{"policy.hysteresis", func(c *config, v gjson.Result) (err error) { c.policy.Hysteresis, err = fraction(v); return }},
+	{"policy.tie_tolerance_ms", func(c *config, v gjson.Result) (err error) { c.policy.TieTolerance, err = millis(v, 0, 60_000); return }},
+}
+
+// sections are the fields holding objects of fields.
+var sections = []string{"cachesync", "policy"}
+
+func (c *config) set(field string, v gjson.Result) error {
+	for _, sec := range sections {
+		if field != sec {
+			continue
+		}
+		if !v.IsObject() {
+			return fieldErr(field, "want an object")
+		}
+		if sec == "cachesync" {
+			c.cachesync = &cachesyncConfig{
+				authority: "cachesync", snapshotPath: syncapi.SnapshotPath, reportPath: syncapi.ReportPath,
+				timeout: 2 * time.Second,
+			}
+		}
+		return eachField(v, sec+".", c.set)
 	}
-	if err != nil {
-		return fieldErr(field, err.Error())
+	for _, f := range configFields {
+		if f.name == field {
+			if err := f.set(c, v); err != nil {
+				return fieldErr(field, err.Error())
+			}
+			return nil
+		}
 	}
-	return nil
+	return fieldErr(field, "unknown field")
 }
 
 func pathList(v gjson.Result) ([]string, error) {

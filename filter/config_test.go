@@ -1,49 +1,149 @@
 package main
 
 import (
+	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/prompt"
 )
 
-func TestParseConfig(t *testing.T) {
-	cfg, err := parseConfig([]byte(`{
-		"paths": ["/v1/chat/completions"],
-		"max_body_bytes": 1024,
-		"endpoints": ["10.0.0.1:8000", "[fd00::1]:8000"],
-		"chat_template": "llama3",
-		"block_size": 32,
-		"max_blocks": 100,
-		"affinity_blocks": 4
-	}`))
-	if err != nil {
-		t.Fatal(err)
+// configKeys has one row per configuration field: a value the parser must
+// take and what it must make of it, and one it must refuse.
+var configKeys = []struct {
+	key, good string
+	check     func(c *config) bool
+	bad       string
+}{
+	{"paths", `["/v1/chat/completions"]`, func(c *config) bool { return slices.Equal(c.paths, []string{"/v1/chat/completions"}) }, `"/v1"`},
+	{"max_body_bytes", `1024`, func(c *config) bool { return c.maxBodyBytes == 1024 }, `1e9`},
+	{"endpoints", `["10.0.0.1:8000","[fd00::1]:8000"]`, func(c *config) bool {
+		return strings.Join(c.endpoints, ",") == "10.0.0.1:8000,[fd00::1]:8000"
+	}, `["host:80"]`},
+	{"chat_template", `"llama3"`, func(c *config) bool { return c.template == prompt.Llama3 }, `3`},
+	{"block_size", `32`, func(c *config) bool { return c.hashing.BlockSize == 32 && c.policy.BlockBytes == 32 }, `-64`},
+	{"max_blocks", `100`, func(c *config) bool { return c.hashing.MaxBlocks == 100 }, `0`},
+	{"affinity_blocks", `4`, func(c *config) bool { return c.affinityBlocks == 4 }, `"8"`},
+	{"sync_interval_ms", `250`, func(c *config) bool { return c.syncInterval == 250*time.Millisecond }, `5`},
+	{"max_staleness_ms", `9000`, func(c *config) bool { return c.maxStaleness == 9*time.Second }, `0`},
+	{"report_blocks", `512`, func(c *config) bool { return c.reportBlocks == 512 }, `100000`},
+	{"local_capacity_blocks", `1000`, func(c *config) bool { return c.localBlocks == 1000 }, `1.5`},
+	{"hold_timeout_ms", `1500`, func(c *config) bool { return c.holdTimeout == 1500*time.Millisecond }, `-1`},
+	{"debug_header", `true`, func(c *config) bool { return c.debugHeader }, `"yes"`},
+	{"cachesync.cluster", `"cs"`, func(c *config) bool { return c.cachesync.cluster == "cs" }, `""`},
+	{"cachesync.authority", `"cachesync.llm"`, func(c *config) bool { return c.cachesync.authority == "cachesync.llm" }, `7`},
+	{"cachesync.snapshot_path", `"/snap"`, func(c *config) bool { return c.cachesync.snapshotPath == "/snap" }, `"snap"`},
+	{"cachesync.report_path", `"/rep"`, func(c *config) bool { return c.cachesync.reportPath == "/rep" }, `"rep"`},
+	{"cachesync.report_token", `"s3cret"`, func(c *config) bool { return c.cachesync.reportToken == "s3cret" }, `""`},
+	{"cachesync.report_token_env", `"PATH"`, func(c *config) bool { return c.cachesync.reportToken == os.Getenv("PATH") }, `"KVROUTE_NO_SUCH_VARIABLE"`},
+	{"cachesync.timeout_ms", `500`, func(c *config) bool { return c.cachesync.timeout == 500*time.Millisecond }, `0`},
+	{"policy.mode", `"decode"`, func(c *config) bool { return c.policy.Mode == policy.ModeDecode }, `"fast"`},
+	{"policy.affinity_threshold", `0.5`, func(c *config) bool { return c.policy.AffinityThreshold == 0.5 }, `1.5`},
+	{"policy.max_ttft_penalty_ms", `2000`, func(c *config) bool { return c.policy.MaxTTFTPenalty == 2*time.Second }, `-5`},
+	{"policy.max_ttft_ms", `30000`, func(c *config) bool { return c.policy.MaxTTFT == 30*time.Second }, `0`},
+	{"policy.prefill_tokens_per_second", `20000`, func(c *config) bool { return c.policy.PrefillRate == 20000 }, `0`},
+	{"policy.decode_cap", `64`, func(c *config) bool { return c.policy.DecodeCap == 64 }, `0`},
+	{"policy.cpu_discount", `0.5`, func(c *config) bool { return c.policy.CPUDiscount == 0.5 }, `2`},
+	{"policy.hysteresis", `0.2`, func(c *config) bool { return c.policy.Hysteresis == 0.2 }, `"x"`},
+	{"policy.tie_tolerance_ms", `10`, func(c *config) bool { return c.policy.TieTolerance == 10*time.Millisecond }, `-1`},
+}
+
+// withKey nests a dotted key's value into a configuration object, adding
+// cachesync's required cluster when the key is in that section.
+func withKey(key, value string) string {
+	sec, name, nested := strings.Cut(key, ".")
+	if !nested {
+		return `{"` + key + `":` + value + `}`
 	}
-	if cfg.maxBodyBytes != 1024 || cfg.template != prompt.Llama3 || cfg.hashing.BlockSize != 32 ||
-		cfg.hashing.MaxBlocks != 100 || cfg.affinityBlocks != 4 || len(cfg.paths) != 1 ||
-		strings.Join(cfg.endpoints, ",") != "10.0.0.1:8000,[fd00::1]:8000" {
-		t.Errorf("parsed %+v", cfg)
+	extra := ""
+	if sec == "cachesync" && name != "cluster" {
+		extra = `"cluster":"cs",`
 	}
-	empty, err := parseConfig(nil)
-	if err != nil || empty.maxBodyBytes != defaultMaxBodyBytes || len(empty.paths) != 2 {
-		t.Errorf("empty configuration: %+v, %v", empty, err)
+	return `{"` + sec + `":{` + extra + `"` + name + `":` + value + `}}`
+}
+
+func TestParseConfigEveryField(t *testing.T) {
+	for _, k := range configKeys {
+		t.Run(k.key, func(t *testing.T) {
+			cfg, err := parseConfig([]byte(withKey(k.key, k.good)))
+			if err != nil {
+				t.Fatalf("%s = %s: %v", k.key, k.good, err)
+			}
+			if !k.check(&cfg) {
+				t.Errorf("%s = %s not applied: %+v", k.key, k.good, cfg)
+			}
+			_, err = parseConfig([]byte(withKey(k.key, k.bad)))
+			if err == nil || !strings.Contains(err.Error(), k.key) {
+				t.Errorf("%s = %s: error %v, want one naming the field", k.key, k.bad, err)
+			}
+		})
 	}
 }
 
-func TestParseConfigErrorsNameTheField(t *testing.T) {
+// TestConfigKeysCoverTheParser: every field the parser accepts has its row
+// above, and no row names a field it does not accept.
+func TestConfigKeysCoverTheParser(t *testing.T) {
+	var rows, fields []string
+	for _, k := range configKeys {
+		rows = append(rows, k.key)
+	}
+	for _, f := range configFields {
+		fields = append(fields, f.name)
+	}
+	slices.Sort(rows)
+	slices.Sort(fields)
+	if !slices.Equal(rows, fields) {
+		t.Errorf("test rows %v\nparser fields %v", rows, fields)
+	}
+}
+
+// TestREADMEListsEveryField: the README's configuration table has one row
+// per field the parser accepts, and no other.
+func TestREADMEListsEveryField(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	start := strings.Index(text, "### Configuration")
+	if start < 0 {
+		t.Fatal("README has no ### Configuration section")
+	}
+	section := text[start:]
+	if end := strings.Index(section[4:], "\n#"); end >= 0 {
+		section = section[:end+4]
+	}
+	row := regexp.MustCompile("(?m)^\\| `([a-z_.]+)` \\|")
+	var listed []string
+	for _, m := range row.FindAllStringSubmatch(section, -1) {
+		listed = append(listed, m[1])
+	}
+	var fields []string
+	for _, f := range configFields {
+		fields = append(fields, f.name)
+	}
+	slices.Sort(listed)
+	slices.Sort(fields)
+	if !slices.Equal(listed, fields) {
+		t.Errorf("README lists %v\nthe parser accepts %v", listed, fields)
+	}
+}
+
+func TestParseConfigDefaultsAndShape(t *testing.T) {
+	empty, err := parseConfig(nil)
+	if err != nil || empty.maxBodyBytes != defaultMaxBodyBytes || len(empty.paths) != 2 || empty.cachesync != nil {
+		t.Errorf("empty configuration: %+v, %v", empty, err)
+	}
 	for _, c := range []struct{ json, field string }{
-		{`{"paths":"/v1"}`, "paths"},
-		{`{"paths":[1]}`, "paths"},
-		{`{"max_body_bytes":0}`, "max_body_bytes"},
-		{`{"max_body_bytes":1e9}`, "max_body_bytes"},
-		{`{"max_body_bytes":1.5}`, "max_body_bytes"},
-		{`{"endpoints":["host:80"]}`, "endpoints"},
-		{`{"endpoints":[80]}`, "endpoints"},
-		{`{"chat_template":3}`, "chat_template"},
-		{`{"block_size":-64}`, "block_size"},
-		{`{"affinity_blocks":"8"}`, "affinity_blocks"},
 		{`{"colour":"blue"}`, "colour"},
+		{`{"policy":{"colour":"blue"}}`, "policy.colour"},
+		{`{"cachesync":"cs"}`, "cachesync"},
+		{`{"cachesync":{}}`, "cachesync.cluster"},
+		{`{"policy":1}`, "policy"},
 		{`[1,2]`, "object"},
 		{`{"paths":`, "JSON"},
 	} {
