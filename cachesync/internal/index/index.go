@@ -443,15 +443,18 @@ func (s *Sink) push(o op) {
 	s.x.signal()
 }
 
-// applyOps applies the endpoint's queued changes; x.mu is held.
+// applyOps applies the endpoint's queued changes; x.mu is held. The queue
+// is double-buffered: pushes go on into the spare while the taken buffer is
+// applied, so the two must never be one array.
 func (x *Index) applyOps(ep *endpoint) {
 	ep.qmu.Lock()
 	ops := ep.ops
-	ep.ops = ep.spare[:0]
-	ep.qmu.Unlock()
 	if len(ops) == 0 {
+		ep.qmu.Unlock()
 		return
 	}
+	ep.ops, ep.spare = ep.spare[:0], nil
+	ep.qmu.Unlock()
 	// Ops are only queued in precise mode and dropped on leaving it, so
 	// the slot is the endpoint's.
 	for _, o := range ops {
