@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -135,15 +136,25 @@ func simChat(system, user string, maxTokens int) []byte {
 }
 
 // post sends a chat request and returns the status and kvroute's decision.
+// It may only be called from the test's goroutine; others use tryPost.
 func post(t testing.TB, client *http.Client, url string, body []byte) (int, string) {
 	t.Helper()
+	code, d, err := tryPost(client, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, d
+}
+
+// tryPost is post for any goroutine.
+func tryPost(client *http.Client, url string, body []byte) (int, string, error) {
 	resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
-		t.Fatalf("POST %s: %v", url, err)
+		return 0, "", fmt.Errorf("POST %s: %w", url, err)
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode, resp.Header.Get("x-kvroute-decision")
+	return resp.StatusCode, resp.Header.Get("x-kvroute-decision"), nil
 }
 
 // probe asks the gateway where a prompt would go without letting any engine
@@ -234,11 +245,11 @@ func TestCachesyncHotPrefixSpillsAndReturns(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			q := strings.Repeat("question "+strconv.Itoa(i)+" about the build ", 40)
-			code, d := post(t, g.client, g.url, simChat(system, q, 64))
+			code, d, err := tryPost(g.client, g.url, simChat(system, q, 64))
 			mu.Lock()
 			defer mu.Unlock()
-			if code != http.StatusOK {
-				t.Errorf("burst request %d: status %d", i, code)
+			if err != nil || code != http.StatusOK {
+				t.Errorf("burst request %d: status %d, %v", i, code, err)
 			}
 			for _, r := range []string{"affinity", "saturated-release", "least-load", "fallback"} {
 				if strings.Contains(d, "reason="+r+";") {
@@ -297,6 +308,12 @@ func TestCachesyncOutagesNeverFailRequests(t *testing.T) {
 	var sent, failed int
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	halt := func() {
+		stopOnce.Do(func() { close(stop) })
+		wg.Wait()
+	}
+	t.Cleanup(halt) // the clients stop even if the test fails first
 	for c := range 4 {
 		wg.Add(1)
 		go func() {
@@ -307,10 +324,10 @@ func TestCachesyncOutagesNeverFailRequests(t *testing.T) {
 					return
 				default:
 				}
-				code, _ := post(t, g.client, g.url, simChat(system, "client "+strconv.Itoa(c)+" request "+strconv.Itoa(i), 2))
+				code, _, err := tryPost(g.client, g.url, simChat(system, "client "+strconv.Itoa(c)+" request "+strconv.Itoa(i), 2))
 				mu.Lock()
 				sent++
-				if code != http.StatusOK {
+				if err != nil || code != http.StatusOK {
 					failed++
 				}
 				mu.Unlock()
@@ -322,8 +339,7 @@ func TestCachesyncOutagesNeverFailRequests(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	restarted := startCachesync(t, cs.addr, es, true) // and comes back on its address
 	time.Sleep(2 * time.Second)
-	close(stop)
-	wg.Wait()
+	halt()
 	if failed > 0 || sent < 20 {
 		t.Errorf("%d of %d requests failed while cachesync died and restarted", failed, sent)
 	}

@@ -82,7 +82,10 @@ func TestProbeMeasuresSimulatorPeak(t *testing.T) {
 // TestProbeWithoutTokenize measures through a proxy that hides the
 // engine's /tokenize, as an engine without one: the probe sends text.
 func TestProbeWithoutTokenize(t *testing.T) {
-	const scale = 0.5
+	// Slower than real time: the proxy's and the HTTP path's wall-clock
+	// cost counts in simulated time divided by the scale, so a scale
+	// below 1 would inflate it (by a quarter under the race detector).
+	const scale = 2.0
 	cost := vllmsim.DefaultCostModel
 	cost.Step *= 2
 	cost.PrefillToken *= 2

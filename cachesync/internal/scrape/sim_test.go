@@ -37,9 +37,17 @@ func startSim(t testing.TB, cfg vllmsim.Config) *vllmsim.Engine {
 }
 
 // load keeps n requests of prompt random tokens (so nothing is cached)
-// in flight against url until stop is closed.
-func load(t *testing.T, url string, n, prompt int, stop chan struct{}) *sync.WaitGroup {
+// in flight against url until the returned stop is called, or the test
+// ends: goroutines that outlive their test would report into it.
+func load(t *testing.T, url string, n, prompt int) (stop func()) {
 	var wg sync.WaitGroup
+	done := make(chan struct{})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() { close(done) })
+		wg.Wait()
+	}
+	t.Cleanup(stop)
 	for range n {
 		wg.Add(1)
 		go func() {
@@ -47,7 +55,7 @@ func load(t *testing.T, url string, n, prompt int, stop chan struct{}) *sync.Wai
 			ids := make([]int, prompt)
 			for {
 				select {
-				case <-stop:
+				case <-done:
 					return
 				default:
 				}
@@ -69,7 +77,7 @@ func load(t *testing.T, url string, n, prompt int, stop chan struct{}) *sync.Wai
 			}
 		}()
 	}
-	return &wg
+	return stop
 }
 
 // TestCalibratesAgainstSimulator scrapes a simulated vLLM engine (the
@@ -98,13 +106,11 @@ func TestCalibratesAgainstSimulator(t *testing.T) {
 		t.Errorf("state %+v", st)
 	}
 
-	stop := make(chan struct{})
-	wg := load(t, e.URL(), 8, 6000, stop)
+	stop := load(t, e.URL(), 8, 6000)
 	calibrated := func() bool { st, _ := s.State(e.Addr()); return st.Rate.Calibrated }
 	waitFor(t, "a calibrated rate", calibrated)
 	time.Sleep(time.Second) // a few more windows
-	close(stop)
-	wg.Wait()
+	stop()
 
 	st, _ = s.State(e.Addr())
 	page := metricsPage(t, e)
