@@ -46,9 +46,11 @@ vet:
 
 # test runs unit tests (fuzz seeds included), the compiled module under the
 # Envoy-like wazero host, and real Envoy end to end, against the module that
-# `make wasm` built.
+# `make wasm` built; then everything again under the race detector, less the
+# long load tests (-short).
 test: $(SETUP_STAMP) vet wasm build/wasmexec
 	KVROUTE_WASM=$(CURDIR)/$(WASM) $(GO) test -count=1 -timeout 20m ./...
+	KVROUTE_WASM=$(CURDIR)/$(WASM) $(GO) test -race -short -count=1 -timeout 20m ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) test -count=1 -exec $(CURDIR)/build/wasmexec $(WASM_TEST_PKGS)
 
 # wasmexec runs wasip1 test binaries under wazero (go test -exec); it is a

@@ -358,6 +358,9 @@ func contains(list []string, s string) bool {
 // records that kvroute's request path never sleeps: a GC-running mixed
 // workload on a legacy host makes no poll_oneoff call at all.
 func TestRequestPathNeverSleepsOnLegacyHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("20,000 requests through wazero: in the full pass only")
+	}
 	h := newHost(t, wasmhost.Legacy)
 	vm := newVM(t, h, pluginConfig(t, map[string]any{"max_body_bytes": 1 << 20}))
 	escaped := strings.Repeat(`say \"hi\"\n\tand caf\u00e9 `, 40)
