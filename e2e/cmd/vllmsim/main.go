@@ -92,6 +92,7 @@ func run(args []string) error {
 	fs.Float64Var(&c.DecodeContext, "cost-decode-context", c.DecodeContext, "simulator: seconds per decoding sequence per context token")
 	fs.Float64Var(&c.CPULoadToken, "cost-cpu-load-token", c.CPULoadToken, "simulator: seconds per token loaded from the CPU tier")
 	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	hfDir := fs.String("write-hf-tokenizer", "", "simulator: write the vocabulary (cl100k_base) as a HuggingFace tokenizer directory and exit")
 
 	if len(args) > 0 && args[0] == "serve" {
 		args = args[1:]
@@ -104,6 +105,9 @@ func run(args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *hfDir != "" {
+		return vllmsim.WriteHFTokenizer(*hfDir)
 	}
 	cfg.Model = model
 	if served != "" {
