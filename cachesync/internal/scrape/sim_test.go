@@ -36,6 +36,20 @@ func startSim(t testing.TB, cfg vllmsim.Config) *vllmsim.Engine {
 	return es[0]
 }
 
+// waitForSim polls cond until it holds, or until the engine's clock has
+// advanced by within simulated time: a host too slow for the time scale
+// (the race detector) stretches the wall time that takes, not the verdict.
+func waitForSim(t *testing.T, e *vllmsim.Engine, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	start, wallLimit := e.SimTime(), time.Now().Add(5*time.Minute)
+	for !cond() {
+		if e.SimTime()-start > within || time.Now().After(wallLimit) {
+			t.Fatalf("timed out waiting for %s (%v simulated)", what, e.SimTime()-start)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // load keeps n requests of prompt random tokens (so nothing is cached)
 // in flight against url until the returned stop is called, or the test
 // ends: goroutines that outlive their test would report into it.
@@ -86,16 +100,21 @@ func load(t *testing.T, url string, n, prompt int) (stop func()) {
 // prompts the estimate converges on the cost model's analytic
 // R_peak = B / T(B).
 func TestCalibratesAgainstSimulator(t *testing.T) {
-	const scale = 0.05
+	scale := 0.05
+	if raceEnabled {
+		// The load generator must keep the engine busy: slow the engine
+		// down as much as the race detector slows the clients.
+		scale = 0.25
+	}
 	e := startSim(t, vllmsim.Config{TimeScale: scale})
 	// One scrape per simulated second, windows of ten.
-	s, _ := startScraper(t, Config{Interval: 50 * time.Millisecond, Now: simClock(e),
+	s, _ := startScraper(t, Config{Interval: time.Duration(scale * float64(time.Second)), Now: simClock(e),
 		Calibration: calibrate.Config{Window: 10 * time.Second}})
 	s.Set([]string{e.Addr()})
 
 	// Idle for 30 simulated seconds: the default stands.
 	waitFor(t, "healthy", func() bool { st, _ := s.State(e.Addr()); return st.Health == snapshot.HealthHealthy })
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(time.Duration(30 * scale * float64(time.Second)))
 	st, _ := s.State(e.Addr())
 	if st.Rate.Calibrated || st.Rate.TokensPerSecond != calibrate.DefaultRate {
 		t.Fatalf("idle engine: rate %+v, want the default", st.Rate)
@@ -108,8 +127,8 @@ func TestCalibratesAgainstSimulator(t *testing.T) {
 
 	stop := load(t, e.URL(), 8, 6000)
 	calibrated := func() bool { st, _ := s.State(e.Addr()); return st.Rate.Calibrated }
-	waitFor(t, "a calibrated rate", calibrated)
-	time.Sleep(time.Second) // a few more windows
+	waitForSim(t, e, "a calibrated rate", 120*time.Second, calibrated)
+	time.Sleep(time.Duration(20 * scale * float64(time.Second))) // a few more windows
 	stop()
 
 	st, _ = s.State(e.Addr())
