@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -277,5 +278,45 @@ func TestTokenizerRoundTrip(t *testing.T) {
 		if tok.decode([]int{id}) == "" {
 			t.Errorf("id %d decodes to nothing", id)
 		}
+	}
+}
+
+// TestRender: the render endpoints (what vllm-router's cache_aware policy
+// asks every worker for) give the token ids generation would run on, for
+// completions as a list and for chat as one request, and refuse what
+// generation refuses.
+func TestRender(t *testing.T) {
+	e := startEngine(t, testConfig())
+	tokens := func(body string) []int {
+		code, b := post(t, e.URL()+"/tokenize", body)
+		if code != http.StatusOK {
+			t.Fatalf("tokenize: %d %s", code, b)
+		}
+		var out struct{ Tokens []int }
+		json.Unmarshal([]byte(b), &out)
+		return out.Tokens
+	}
+	code, b := post(t, e.URL()+"/v1/completions/render", `{"prompt":["one prompt","and another"],"max_tokens":5}`)
+	var list []struct {
+		TokenIDs       []int          `json:"token_ids"`
+		Features       any            `json:"features"`
+		SamplingParams map[string]any `json:"sampling_params"`
+	}
+	if err := json.Unmarshal([]byte(b), &list); code != http.StatusOK || err != nil || len(list) != 2 {
+		t.Fatalf("completions render: %d %s", code, b)
+	}
+	if !slices.Equal(list[1].TokenIDs, tokens(`{"prompt":"and another"}`)) || list[0].Features != nil || list[0].SamplingParams["max_tokens"] != 5.0 {
+		t.Errorf("completions render %s", b)
+	}
+	msgs := `"messages":[{"role":"user","content":"hello there"}]`
+	code, b = post(t, e.URL()+"/v1/chat/completions/render", `{`+msgs+`}`)
+	var one struct {
+		TokenIDs []int `json:"token_ids"`
+	}
+	if err := json.Unmarshal([]byte(b), &one); code != http.StatusOK || err != nil || !slices.Equal(one.TokenIDs, tokens(`{`+msgs+`}`)) {
+		t.Errorf("chat render: %d %s", code, b)
+	}
+	if code, _ := post(t, e.URL()+"/v1/completions/render", `{"prompt":"x","max_tokens":0}`); code != http.StatusBadRequest {
+		t.Errorf("render of an invalid request: %d", code)
 	}
 }

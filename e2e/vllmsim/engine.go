@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,6 +34,8 @@ type Engine struct {
 	pubSpec  endpointSpec
 	replayEP string
 	unwatch  func() bool // stops closing the engine with Start's context
+
+	renders atomic.Uint64 // render requests served, for their ids
 
 	mu      sync.Mutex // guards sched, and run against Close/Restart
 	sched   *scheduler

@@ -26,6 +26,8 @@ func (e *Engine) routes() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("GET /metrics", e.handleMetrics)
 	mux.HandleFunc("POST /tokenize", e.handleTokenize)
+	mux.HandleFunc("POST /v1/completions/render", e.handleRender("/v1/completions"))
+	mux.HandleFunc("POST /v1/chat/completions/render", e.handleRender("/v1/chat/completions"))
 	mux.HandleFunc("POST /detokenize", e.handleDetokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
 		if !e.ResetPrefixCache(r.URL.Query().Get("reset_external") == "true") {
@@ -594,6 +596,45 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, hr *http.Request) {
 		toks = append(toks, t...)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"count": len(toks), "max_model_len": e.cfg.MaxModelLen, "tokens": toks, "token_strs": nil})
+}
+
+// generateRequest is the part of vLLM's GenerateRequest (the token-in
+// request its render endpoints return) a router reads.
+type generateRequest struct {
+	RequestID      string         `json:"request_id"`
+	TokenIDs       []int          `json:"token_ids"`
+	Features       any            `json:"features"`
+	SamplingParams map[string]any `json:"sampling_params"`
+	Model          string         `json:"model"`
+}
+
+// handleRender serves vLLM's render endpoints for path: the request
+// validated and rendered as generation would, returned as token ids (one
+// GenerateRequest per prompt for completions, one for chat) without running
+// it.
+func (e *Engine) handleRender(path string) http.HandlerFunc {
+	return func(w http.ResponseWriter, hr *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, maxBody))
+		if err != nil {
+			writeError(w, badRequest("reading request body: %v", err))
+			return
+		}
+		p, apiErr := e.parse(path, body)
+		if apiErr != nil {
+			writeError(w, apiErr)
+			return
+		}
+		out := make([]generateRequest, len(p.prompts))
+		for i, toks := range p.prompts {
+			out[i] = generateRequest{RequestID: fmt.Sprintf("render-%d", e.renders.Add(1)), TokenIDs: toks,
+				SamplingParams: map[string]any{"max_tokens": p.maxOutput[i]}, Model: p.model}
+		}
+		if p.chat {
+			writeJSON(w, http.StatusOK, out[0])
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+	}
 }
 
 // handleDetokenize serves vLLM's /detokenize.
