@@ -1,6 +1,7 @@
 package vllmsim
 
 import (
+	"container/list"
 	"fmt"
 	"sync"
 
@@ -32,6 +33,55 @@ func fillerToken(i int) int { return filler[i%len(filler)] }
 // is exactly s for every valid UTF-8 string s.
 type tokenizer struct{ enc *tiktoken.Tiktoken }
 
+// encodings remembers recent prompts' tokens, shared by every engine in the
+// process. Tokenising costs the simulator real CPU that no simulated clock
+// accounts for (about 200k tokens/s per core), and benchmark workloads send
+// the same few hundred prompts again and again; a real engine's time for it
+// is in the cost model's step, not here.
+var encodings = newEncodingCache(1024)
+
+type encodingCache struct {
+	mu    sync.Mutex
+	max   int
+	byKey map[string]*list.Element
+	lru   list.List // of *cachedEncoding, most recent first
+}
+
+type cachedEncoding struct {
+	text string
+	ids  []int
+}
+
+func newEncodingCache(max int) *encodingCache {
+	return &encodingCache{max: max, byKey: map[string]*list.Element{}}
+}
+
+// encode returns the tokens of s, which the caller must not change.
+func (c *encodingCache) encode(t tokenizer, s string) []int {
+	if len(s) < 1024 {
+		return t.enc.EncodeOrdinary(s) // cheap enough; keeps the cache for long prompts
+	}
+	c.mu.Lock()
+	if el, ok := c.byKey[s]; ok {
+		c.lru.MoveToFront(el)
+		ids := el.Value.(*cachedEncoding).ids
+		c.mu.Unlock()
+		return ids
+	}
+	c.mu.Unlock()
+	ids := t.enc.EncodeOrdinary(s)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.byKey[s]; !ok {
+		c.byKey[s] = c.lru.PushFront(&cachedEncoding{s, ids})
+		if c.lru.Len() > c.max {
+			old := c.lru.Remove(c.lru.Back()).(*cachedEncoding)
+			delete(c.byKey, old.text)
+		}
+	}
+	return ids
+}
+
 func loadTokenizer() (tokenizer, error) {
 	cl100kOnce.Do(func() {
 		tiktoken.SetBpeLoader(tiktokenloader.NewOfflineLoader())
@@ -46,7 +96,8 @@ func loadTokenizer() (tokenizer, error) {
 	return tokenizer{cl100k}, nil
 }
 
-func (t tokenizer) encode(s string) []int { return t.enc.EncodeOrdinary(s) }
+// encode returns the tokens of s. The slice may be shared: do not change it.
+func (t tokenizer) encode(s string) []int { return encodings.encode(t, s) }
 
 func (t tokenizer) decode(ids []int) string { return t.enc.Decode(ids) }
 
