@@ -296,15 +296,25 @@ func object(m map[string]any, keys ...string) (map[string]any, error) {
 // SetRoundRobin makes the named cluster balance by plain round robin, as a
 // Kubernetes Service does: the baseline kvroute is compared with.
 func (c *Config) SetRoundRobin(cluster string) error {
+	return c.setPolicy(cluster, "round_robin", "RoundRobin")
+}
+
+// SetLeastRequest makes the named cluster balance by Envoy's least-request
+// policy (power of two choices over requests in flight).
+func (c *Config) SetLeastRequest(cluster string) error {
+	return c.setPolicy(cluster, "least_request", "LeastRequest")
+}
+
+func (c *Config) setPolicy(cluster, name, typ string) error {
 	cl, err := c.named("clusters", cluster)
 	if err != nil {
 		return err
 	}
 	cl["load_balancing_policy"] = map[string]any{"policies": []any{map[string]any{
 		"typed_extension_config": map[string]any{
-			"name": "envoy.load_balancing_policies.round_robin",
+			"name": "envoy.load_balancing_policies." + name,
 			"typed_config": map[string]any{
-				"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin",
+				"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies." + name + ".v3." + typ,
 			},
 		},
 	}}}

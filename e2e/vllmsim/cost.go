@@ -70,3 +70,17 @@ func (m CostModel) decode(c int) float64 {
 func (m CostModel) PeakPrefill(b int) float64 {
 	return float64(b) / (m.Step + m.prefill(b, 0))
 }
+
+// TTFT estimates, from the cost model, the time to first token of a request
+// arriving now at an engine in state q, with uncached tokens to prefill
+// after cached ones, under a per-step token budget: the steps it takes to
+// prefill everything ahead of it and itself, first come first served, each
+// also decoding one token of every decoding request.
+func (m CostModel) TTFT(q Queue, cached, uncached, budget int) float64 {
+	ahead := q.PrefillTokens + max(uncached, 1)
+	per := max(budget-q.Decoding, 1)
+	steps := (ahead + per - 1) / per
+	step := m.Step + m.DecodeSeq*float64(q.Decoding) + m.DecodeContext*float64(q.Context)
+	u := float64(uncached)
+	return float64(steps)*step + float64(ahead)*m.PrefillToken + m.PrefillAttention*u*(float64(cached)+u/2)
+}

@@ -37,3 +37,17 @@ func TestCostModelValidate(t *testing.T) {
 		t.Error("default cost model rejected")
 	}
 }
+
+func TestTTFTEstimate(t *testing.T) {
+	m := DefaultCostModel
+	idle := m.TTFT(Queue{}, 0, 8192, 8192)
+	if want := m.Step + m.prefill(8192, 0); math.Abs(idle-want) > 1e-3*want {
+		t.Errorf("idle engine, 8192 uncached tokens: %.4f s, want one step %.4f s", idle, want)
+	}
+	warm := m.TTFT(Queue{}, 8000, 192, 8192)
+	busy := m.TTFT(Queue{PrefillTokens: 3 * 8192}, 0, 8192, 8192)
+	decoding := m.TTFT(Queue{Decoding: 100, Context: 100 * 8000}, 0, 8192, 8192)
+	if !(warm < idle && idle < decoding && decoding < busy) {
+		t.Errorf("warm %.3f, idle %.3f, decoding %.3f, queued %.3f: want that order", warm, idle, decoding, busy)
+	}
+}

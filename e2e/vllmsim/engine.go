@@ -324,6 +324,45 @@ func (e *Engine) Probe(path string, body []byte) (Hit, error) {
 	return Hit{PromptTokens: len(r.tokens), GPUTokens: len(gpu) * bs, CPUTokens: cpu * bs}, nil
 }
 
+// Queue is what the engine has to do before a request arriving now gets
+// its first token: the true state an oracle router reads.
+type Queue struct {
+	Running, Waiting int
+	// PrefillTokens are the prompt tokens admitted or waiting requests
+	// still have to prefill (a waiting request's cache hit counted as it
+	// stands now).
+	PrefillTokens int
+	// Decoding are running requests past their prefill, and Context their
+	// tokens in all: each step decodes one token of each.
+	Decoding, Context int
+}
+
+// Queue returns the engine's queue now.
+func (e *Engine) Queue() Queue {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var q Queue
+	if e.sched == nil {
+		return q
+	}
+	s := e.sched
+	bs := e.cfg.BlockSize
+	q.Running, q.Waiting = len(s.running), len(s.waiting)
+	for _, r := range s.running {
+		if r.numComputed < r.promptLen {
+			q.PrefillTokens += r.promptLen - r.numComputed
+		} else {
+			q.Decoding++
+			q.Context += len(r.tokens)
+		}
+	}
+	for _, r := range s.waiting {
+		gpu, cpu := s.prefixHit(r)
+		q.PrefillTokens += max(0, r.promptLen-(len(gpu)+cpu)*bs)
+	}
+	return q
+}
+
 // SimTime returns the simulated time since the engine (re)started: what
 // the wall clock maps to while the engine keeps pace, but never past the
 // end of the step running, so that it lags with the engine when the host
