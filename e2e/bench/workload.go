@@ -1,0 +1,153 @@
+package bench
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Workload is one inference-perf workload: what it generates and the load
+// ladder it climbs. Every arm runs it with the same seed.
+type Workload struct {
+	Name        string
+	Description string
+	// Scaling says how the workload relates to the published shape it
+	// follows, in one sentence for the report.
+	Scaling string
+	// Data is inference-perf's data section.
+	Data map[string]any
+	// Poisson stages, in requests per second, each StageSeconds long; or,
+	// when Concurrency is set, concurrent stages of Requests each.
+	Rates       []float64
+	Concurrency []int
+	Requests    int
+	// SessionHeader makes inference-perf send its session id in this
+	// header (multi-turn chat).
+	SessionHeader string
+	// SLO is the TTFT p90 a stage must stay within to count for the knee.
+	SLO time.Duration
+}
+
+// stageLabel names stage i: its rate or its concurrency.
+func (w *Workload) stageLabel(i int) string {
+	if w.Concurrency != nil {
+		return "c=" + strconv.Itoa(w.Concurrency[i])
+	}
+	return strconv.FormatFloat(w.Rates[i], 'g', -1, 64) + " req/s"
+}
+
+func (w *Workload) stages() int {
+	if w.Concurrency != nil {
+		return len(w.Concurrency)
+	}
+	return len(w.Rates)
+}
+
+// config returns inference-perf's configuration for the workload against
+// baseURL, with reports written under out.
+func (w *Workload) config(model, baseURL, tokenizer, out string, stageSeconds int) map[string]any {
+	load := map[string]any{"num_workers": 2, "worker_max_concurrency": 256, "interval": 1}
+	var stages []any
+	if w.Concurrency != nil {
+		load["type"] = "concurrent"
+		for _, c := range w.Concurrency {
+			stages = append(stages, map[string]any{"num_requests": w.Requests, "concurrency_level": c})
+		}
+	} else {
+		load["type"] = "poisson"
+		for _, r := range w.Rates {
+			stages = append(stages, map[string]any{"rate": r, "duration": stageSeconds})
+		}
+	}
+	load["stages"] = stages
+	api := map[string]any{"type": "completion", "streaming": true}
+	if w.SessionHeader != "" {
+		api["session_id_header_key"] = w.SessionHeader
+	}
+	return map[string]any{
+		"api":  api,
+		"data": w.Data,
+		"load": load,
+		"server": map[string]any{
+			"type": "vllm", "model_name": model, "base_url": baseURL, "ignore_eos": true,
+		},
+		"tokenizer": map[string]any{"pretrained_model_name_or_path": tokenizer},
+		"report": map[string]any{"request_lifecycle": map[string]any{
+			"summary": true, "per_stage": true, "per_request": true,
+		}},
+		"storage": map[string]any{"local_storage": map[string]any{"path": out}},
+	}
+}
+
+// sharedPrefix is inference-perf's shared_prefix generator.
+func sharedPrefix(groups, perGroup, system, question int, output any, multiTurn bool) map[string]any {
+	return map[string]any{"type": "shared_prefix", "shared_prefix": map[string]any{
+		"num_groups": groups, "num_prompts_per_group": perGroup,
+		"system_prompt_len": system, "question_len": question, "output_len": output,
+		"seed": 42, "enable_multi_turn_chat": multiTurn,
+	}}
+}
+
+// spread is an inference-perf length distribution.
+func spread(lo, hi int) map[string]any {
+	return map[string]any{"min": lo, "max": hi, "mean": (lo + hi) / 2, "std_dev": (hi - lo) / 4}
+}
+
+// Workloads are the bench's workloads, for 4 engines of 4,096 16-token KV
+// blocks (65,536 tokens each): llm-d's published shapes scaled so that the
+// shared prefixes take the same share of the pool's KV cache.
+var Workloads = []*Workload{
+	{
+		Name:        "b2b-saas",
+		Description: "prefill-bound: 16 tenants x 5 users, 6,000-token system prompts, 1,200-token questions, 100-200 output tokens, Poisson",
+		Scaling: "llm-d's b2b-saas is 150 groups x 5 on 8 pods of 307k KV tokens (prefixes 37% of the pool's KV); " +
+			"16 groups on 4 pods of 65.5k keep 37%, with the same prompt and question lengths",
+		Data:  sharedPrefix(16, 5, 6000, 1200, spread(100, 200), false),
+		Rates: []float64{4, 8, 12, 16, 20, 24, 30, 36},
+		SLO:   2 * time.Second,
+	},
+	{
+		Name:          "multi-turn",
+		Description:   "chat: 16 conversations of 8 turns, a 2,000-token system prompt and 300-token turns; each turn resends the conversation",
+		Scaling:       "inference-perf's multi-turn mode with its session header; contexts grow from 2.3k to 4.4k tokens",
+		Data:          sharedPrefix(16, 8, 2000, 300, spread(60, 120), true),
+		Rates:         []float64{4, 8, 16, 24, 32},
+		SessionHeader: "x-session-id",
+		SLO:           2 * time.Second,
+	},
+	{
+		Name:        "code-gen",
+		Description: "code generation: 8 repositories x 10 developers, 10,000-token repository contexts, 400-token asks, 200-400 output tokens, concurrency ladder",
+		Scaling:     "llm-d's code-gen shape (long shared repository contexts, closed-loop clients) on 4 pods: the contexts take 31% of the pool's KV",
+		Data:        sharedPrefix(8, 10, 10000, 400, spread(200, 400), false),
+		Concurrency: []int{4, 8, 16, 32, 48},
+		Requests:    96,
+		SLO:         2 * time.Second,
+	},
+	{
+		Name:        "hot-prefix",
+		Description: "one 6,000-token system prompt takes all the traffic (100 users, 600-token questions, 100 output tokens), Poisson",
+		Scaling:     "the hotspot sticky-until-saturated exists for: one prefix more than one engine can serve",
+		Data:        sharedPrefix(1, 100, 6000, 600, 100, false),
+		Rates:       []float64{4, 8, 16, 24, 32},
+		SLO:         2 * time.Second,
+	},
+	{
+		Name:        "decode-heavy",
+		Description: "decode-bound: 32 groups x 5, 200-token system prompts, 100-token questions, 800-1,200 output tokens, Poisson",
+		Scaling:     "short prompts and long outputs, where affinity matters little",
+		Data:        sharedPrefix(32, 5, 200, 100, spread(800, 1200), false),
+		Rates:       []float64{2, 4, 8, 12, 16},
+		SLO:         2 * time.Second,
+	},
+}
+
+// WorkloadByName returns the named workload.
+func WorkloadByName(name string) (*Workload, error) {
+	for _, w := range Workloads {
+		if w.Name == name {
+			return w, nil
+		}
+	}
+	return nil, fmt.Errorf("bench: unknown workload %q", name)
+}

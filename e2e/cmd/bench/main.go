@@ -1,0 +1,157 @@
+// Command bench runs kvroute's routing benchmark (package e2e/bench): the
+// workloads through every arm, inference-perf as the client, results in a
+// folder. Run it from the repository root with `make bench`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"github.com/kvroute/kvroute/e2e/bench"
+	"github.com/kvroute/kvroute/e2e/envoy"
+	"github.com/kvroute/kvroute/e2e/vllmsim"
+)
+
+// defaultArms are the arms run on workloads other than b2b-saas, which runs
+// them all: the baselines, kvroute, the best rival and the oracle.
+var defaultArms = []string{"envoy-round-robin", "envoy-least-request", "kvroute-precise", "sglang-router", "oracle"}
+
+// extraArms are added to a workload's default arms where its question needs them.
+var extraArms = map[string][]string{"hot-prefix": {"kvroute-sticky"}}
+
+func main() {
+	var (
+		out          = flag.String("out", "results/bench", "results directory")
+		workloads    = flag.String("workloads", "", "comma-separated workloads (default: all)")
+		arms         = flag.String("arms", "", "comma-separated arms for every workload (default: all on b2b-saas, "+strings.Join(defaultArms, ",")+" elsewhere)")
+		quick        = flag.Bool("quick", false, "a reduced ladder: b2b-saas with round robin, kvroute precise and sglang-router")
+		stageSeconds = flag.Int("stage-seconds", 20, "seconds per Poisson stage")
+		engines      = flag.Int("engines", 4, "simulated engines")
+		gpuBlocks    = flag.Int("gpu-blocks", 4096, "KV blocks of 16 tokens per engine")
+		timeScale    = flag.Float64("time-scale", 1, "wall seconds per simulated second")
+		maxLag       = flag.Float64("max-lag", 0.05, "largest simulated-clock lag an arm may show and count")
+		venvs        = flag.String("venvs", "build/bench", "directory of the virtualenvs make bench-setup makes")
+		tokenizer    = flag.String("tokenizer", "build/bench/tokenizer", "HuggingFace tokenizer directory (written if missing)")
+		cachesync    = flag.String("cachesync", "build/cachesync", "cachesync binary")
+		wasm         = flag.String("wasm", "build/kvroute.wasm", "the filter module")
+	)
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	o, err := options(*out, *workloads, *arms, *quick, *venvs, *tokenizer, *cachesync, *wasm)
+	if err == nil {
+		o.StageSeconds = *stageSeconds
+		o.Engines = bench.EngineConfig{Count: *engines, GPUBlocks: *gpuBlocks, TimeScale: *timeScale}
+		o.MaxLag = *maxLag
+		o.Command = "go run ./e2e/cmd/bench " + strings.Join(os.Args[1:], " ")
+		o.Log = os.Stdout
+		o.Versions = versions(ctx, o)
+		_, err = bench.Run(ctx, o)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("report: %s\n", filepath.Join(*out, "README.md"))
+}
+
+func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesync, wasm string) (bench.Options, error) {
+	o := bench.Options{Out: out, Arms: map[string][]*bench.Arm{}}
+	if _, err := os.Stat("envoy.yaml"); err != nil {
+		return o, errors.New("run from the repository root (make bench)")
+	}
+	names := split(workloads)
+	if quick {
+		names = []string{"b2b-saas"}
+		if arms == "" {
+			arms = "envoy-round-robin,kvroute-precise,sglang-router"
+		}
+	}
+	if len(names) == 0 {
+		for _, w := range bench.Workloads {
+			names = append(names, w.Name)
+		}
+	}
+	for _, n := range names {
+		w, err := bench.WorkloadByName(n)
+		if err != nil {
+			return o, err
+		}
+		if quick {
+			q := *w
+			q.Rates = []float64{8, 16, 24, 32}
+			w = &q
+		}
+		o.Workloads = append(o.Workloads, w)
+		sel := split(arms)
+		if sel == nil {
+			sel = append(append([]string{}, defaultArms...), extraArms[n]...)
+			if n == "b2b-saas" {
+				sel = nil
+				for _, a := range bench.Arms {
+					sel = append(sel, a.Name)
+				}
+			}
+		}
+		for _, a := range sel {
+			arm, err := bench.ArmByName(a)
+			if err != nil {
+				return o, err
+			}
+			o.Arms[n] = append(o.Arms[n], arm)
+		}
+	}
+	o.Client = bench.InferencePerf{Bin: filepath.Join(venvs, "venv-inference-perf", "bin", "inference-perf"), Tokenizer: tokenizer}
+	if _, err := os.Stat(o.Client.Bin); err != nil {
+		return o, fmt.Errorf("inference-perf is not installed at %s: run make bench-setup", o.Client.Bin)
+	}
+	if _, err := os.Stat(filepath.Join(tokenizer, "tokenizer.json")); err != nil {
+		if err := vllmsim.WriteHFTokenizer(tokenizer); err != nil {
+			return o, err
+		}
+	}
+	o.Tools = bench.Tools{EnvoyYAML: "envoy.yaml", Wasm: wasm, Cachesync: cachesync, Routers: map[string]string{}}
+	for _, r := range []string{"smg", "sglang-router", "vllm-router"} {
+		bin := filepath.Join(venvs, "venv-"+r, "bin", r)
+		if _, err := os.Stat(bin); err == nil {
+			o.Tools.Routers[r] = bin
+		}
+	}
+	return o, nil
+}
+
+func split(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// versions names what the run used.
+func versions(ctx context.Context, o bench.Options) map[string]string {
+	v := map[string]string{"go": runtime.Version(), "inference-perf": o.Client.Version()}
+	if p, err := envoy.Path(ctx); err == nil {
+		if ver, err := envoy.Version(ctx, p); err == nil {
+			v["envoy"] = ver
+		}
+	}
+	for name, bin := range o.Tools.Routers {
+		py := filepath.Join(filepath.Dir(bin), "python")
+		if out, err := exec.Command(py, "-c", "import importlib.metadata as m; print(m.version('"+name+"'))").Output(); err == nil {
+			v[name] = strings.TrimSpace(string(out))
+		}
+	}
+	return v
+}
