@@ -122,14 +122,41 @@ type httpContext struct {
 }
 
 func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
-	for _, k := range ownedHeaders {
-		if err := proxywasm.RemoveHttpRequestHeader(k); err != nil {
-			proxywasm.LogError("kvroute: remove " + k + ": " + err.Error())
+	// One read of the whole map instead of a hostcall per header: the
+	// owned headers are rarely there, and removing them is then free.
+	var owned [len(ownedHeaders)]bool
+	var post bool
+	var path string
+	err := proxywasm.VisitHttpRequestHeaders(func(k, v []byte) {
+		switch string(k) {
+		case ":method":
+			post = string(v) == "POST"
+		case ":path":
+			path = string(v)
+		default:
+			for i, o := range ownedHeaders {
+				if string(k) == o {
+					owned[i] = true
+				}
+			}
+		}
+	})
+	if err != nil {
+		// Cannot tell what is there: remove every owned header, route nothing.
+		proxywasm.LogError("kvroute: read request headers: " + err.Error())
+		for i := range owned {
+			owned[i] = true
+		}
+		post = false
+	}
+	for i, k := range ownedHeaders {
+		if owned[i] {
+			if err := proxywasm.RemoveHttpRequestHeader(k); err != nil {
+				proxywasm.LogError("kvroute: remove " + k + ": " + err.Error())
+			}
 		}
 	}
-	method, _ := proxywasm.GetHttpRequestHeader(":method")
-	path, _ := proxywasm.GetHttpRequestHeader(":path")
-	if !h.plugin.cfg.routes(method, path) {
+	if !post || !h.plugin.cfg.routes("POST", path) {
 		return types.ActionContinue
 	}
 	if endOfStream {

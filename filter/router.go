@@ -20,7 +20,7 @@ const decisionHeader = "x-kvroute-decision"
 // ownedHeaders are removed from every request before anything else happens:
 // each of them can steer the upstream or fake a decision, and only the
 // filter may set them.
-var ownedHeaders = []string{
+var ownedHeaders = [...]string{
 	destinationHeader,
 	decisionHeader,
 	// ORIGINAL_DST clusters read this one by default.

@@ -42,6 +42,8 @@ type Options struct {
 	// Command is the command line that made the run.
 	Command string
 	Log     io.Writer
+	// FilterCost, when set, measures the filter's own cost first.
+	FilterCost *FilterCostOptions
 }
 
 // Summary is summary.json.
@@ -53,6 +55,7 @@ type Summary struct {
 	Engines      EngineConfig      `json:"engines"`
 	StageSeconds int               `json:"stage_seconds"`
 	MaxLag       float64           `json:"max_lag"`
+	FilterCost   *FilterCost       `json:"filter_cost,omitempty"`
 	Workloads    []WorkloadResult  `json:"workloads"`
 }
 
@@ -122,6 +125,17 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		Generated: time.Now().UTC(), Command: o.Command, Machine: machine(), Versions: o.Versions,
 		Engines: o.Engines, StageSeconds: o.StageSeconds, MaxLag: o.MaxLag,
 	}
+	if o.FilterCost != nil {
+		logf(o.Log, "== the filter's own cost")
+		fc, err := MeasureFilterCost(ctx, *o.FilterCost)
+		if err != nil {
+			return s, err
+		}
+		s.FilterCost = fc
+		if err := s.write(o.Out, WorkloadResult{}); err != nil {
+			return s, err
+		}
+	}
 	for _, w := range o.Workloads {
 		wr := WorkloadResult{Name: w.Name, Description: w.Description, Scaling: w.Scaling, SLOSeconds: w.SLO.Seconds()}
 		arms := o.Arms[w.Name]
@@ -172,8 +186,8 @@ func (s *Summary) write(dir string, current WorkloadResult) error {
 	return os.WriteFile(filepath.Join(dir, "README.md"), []byte(markdown(&out)), 0o644)
 }
 
-func runArm(ctx context.Context, o Options, w *Workload, a *Arm) ArmResult {
-	r := ArmResult{Name: a.Name, About: a.About}
+func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
+	r = ArmResult{Name: a.Name, About: a.About}
 	start := time.Now()
 	defer func() { r.Wall = time.Since(start).Seconds() }()
 	dir := filepath.Join(o.Out, "runs", w.Name, a.Name)

@@ -54,10 +54,36 @@ func markdown(s *Summary) string {
 		}
 	}
 	targets(&b, s)
+	if s.FilterCost != nil {
+		filterCostSection(&b, s.FilterCost)
+	}
 	for i := range s.Workloads {
 		workloadSection(&b, &s.Workloads[i])
 	}
 	return b.String()
+}
+
+func filterCostSection(b *strings.Builder, fc *FilterCost) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format+"\n", args...) }
+	p("## The filter's own cost")
+	p("")
+	p("Real Envoy (2 workers) without a filter, with the floor module (e2e/bench/floor: pause the headers, read the body, set the header)")
+	p("and with kvroute (the shipped envoy.yaml, local mode), in front of the same trivial upstreams. Latency: one request at a time on a")
+	p("keep-alive connection, %d interleaved rounds of %d requests per gateway and size; added latency is the median over rounds of each", fc.Rounds, fc.PerRound)
+	p("round's paired difference with no filter. Requests/s: %d clients in a closed loop.", fc.Concurrency)
+	p("")
+	p("| body | no filter p50 / p99 | floor added p50 / p99 | kvroute added p50 / p99 | requests/s: none / floor / kvroute |")
+	p("|---|---|---|---|---|")
+	for _, sc := range fc.Sizes {
+		p("| %d KiB | %.0f / %.0f µs | %.0f / %.0f µs | %.0f / %.0f µs | %.0f / %.0f / %.0f |", sc.Bytes>>10,
+			sc.P50[gwNone], sc.P99[gwNone], sc.AddedP50[gwFloor], sc.AddedP99[gwFloor], sc.AddedP50[gwKvroute], sc.AddedP99[gwKvroute],
+			sc.RPS[gwNone], sc.RPS[gwFloor], sc.RPS[gwKvroute])
+	}
+	p("")
+	if fc.HeapBytes > 0 {
+		p("A kvroute worker VM's Go heap after the run: %.1f MiB.", float64(fc.HeapBytes)/(1<<20))
+		p("")
+	}
 }
 
 func headline(b *strings.Builder, w *WorkloadResult) {
@@ -109,6 +135,16 @@ func targets(b *strings.Builder, s *Summary) {
 			mark = "met"
 		}
 		lines = append(lines, "- **"+mark+"**: "+fmt.Sprintf(format, args...))
+	}
+	if fc := s.FilterCost; fc != nil {
+		for _, sc := range fc.Sizes {
+			switch sc.Bytes {
+			case 16 << 10:
+				check(sc.AddedP50[gwKvroute] < 100, "filter added p50 under 100 µs at 16 KiB: %.0f µs", sc.AddedP50[gwKvroute])
+			case 512 << 10:
+				check(sc.AddedP50[gwKvroute] < 1000, "filter added p50 under 1 ms at 512 KiB: %.0f µs", sc.AddedP50[gwKvroute])
+			}
+		}
 	}
 	for i := range s.Workloads {
 		w := &s.Workloads[i]

@@ -189,6 +189,18 @@ func ReplaceHttpRequestHeaders(headers [][2]string) error {
 	return setMap(mapHTTPRequestHeaders, headers)
 }
 
+// VisitHttpRequestHeaders calls fn for every request header, in order,
+// with key and value in host-owned memory that stays valid only during the
+// call: one hostcall for the whole map, and nothing allocated.
+func VisitHttpRequestHeaders(fn func(key, value []byte)) error {
+	var p *byte
+	var n uint32
+	if err := statusErr(proxyGetHeaderMapPairs(mapHTTPRequestHeaders, unsafe.Pointer(&p), unsafe.Pointer(&n))); err != nil {
+		return err
+	}
+	return visitPairs(borrowed(p, n), fn)
+}
+
 // GetHttpRequestHeader returns one request header's value.
 func GetHttpRequestHeader(key string) (string, error) {
 	return getMapValue(mapHTTPRequestHeaders, key)

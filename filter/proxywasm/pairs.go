@@ -36,31 +36,41 @@ func encodePairs(pairs [][2]string) []byte {
 }
 
 // decodePairs parses a serialised header map. An empty input is an empty map.
-func decodePairs(b []byte) ([][2]string, error) {
+// visitPairs calls fn for each pair of a serialized map, checking it as
+// decodePairs does.
+func visitPairs(b []byte, fn func(key, value []byte)) error {
 	if len(b) == 0 {
-		return nil, nil
+		return nil
 	}
 	if len(b) < 4 {
-		return nil, errBadPairs
+		return errBadPairs
 	}
 	n := binary.LittleEndian.Uint32(b)
 	if uint64(n)*8 > uint64(len(b)-4) {
-		return nil, errBadPairs
+		return errBadPairs
 	}
 	lens := b[4 : 4+8*n]
 	data := b[4+8*n:]
-	pairs := make([][2]string, n)
-	for i := range pairs {
+	for i := range int(n) {
 		kl := binary.LittleEndian.Uint32(lens[8*i:])
 		vl := binary.LittleEndian.Uint32(lens[8*i+4:])
 		if uint64(kl)+uint64(vl)+2 > uint64(len(data)) || data[kl] != 0 || data[kl+1+vl] != 0 {
-			return nil, errBadPairs
+			return errBadPairs
 		}
-		pairs[i] = [2]string{string(data[:kl]), string(data[kl+1 : kl+1+vl])}
+		fn(data[:kl], data[kl+1:kl+1+vl])
 		data = data[kl+vl+2:]
 	}
 	if len(data) != 0 {
-		return nil, errBadPairs
+		return errBadPairs
+	}
+	return nil
+}
+
+func decodePairs(b []byte) ([][2]string, error) {
+	var pairs [][2]string
+	err := visitPairs(b, func(k, v []byte) { pairs = append(pairs, [2]string{string(k), string(v)}) })
+	if err != nil {
+		return nil, err
 	}
 	return pairs, nil
 }

@@ -50,6 +50,9 @@ func TestDecodePairsRejectsMalformed(t *testing.T) {
 		if _, err := decodePairs(b); err == nil {
 			t.Errorf("%s: decodePairs accepted %v", name, b)
 		}
+		if err := visitPairs(b, func(k, v []byte) {}); err == nil {
+			t.Errorf("%s: visitPairs accepted %v", name, b)
+		}
 	}
 }
 

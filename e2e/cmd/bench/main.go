@@ -13,8 +13,10 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/kvroute/kvroute/e2e/bench"
 	"github.com/kvroute/kvroute/e2e/envoy"
@@ -34,6 +36,7 @@ func main() {
 		workloads    = flag.String("workloads", "", "comma-separated workloads (default: all)")
 		arms         = flag.String("arms", "", "comma-separated arms for every workload (default: all on b2b-saas, "+strings.Join(defaultArms, ",")+" elsewhere)")
 		quick        = flag.Bool("quick", false, "a reduced ladder: b2b-saas with round robin, kvroute precise and sglang-router")
+		rates        = flag.String("rates", "", "comma-separated Poisson rates replacing every selected workload's ladder")
 		stageSeconds = flag.Int("stage-seconds", 20, "seconds per Poisson stage")
 		engines      = flag.Int("engines", 4, "simulated engines")
 		gpuBlocks    = flag.Int("gpu-blocks", 4096, "KV blocks of 16 tokens per engine")
@@ -43,11 +46,17 @@ func main() {
 		tokenizer    = flag.String("tokenizer", "build/bench/tokenizer", "HuggingFace tokenizer directory (written if missing)")
 		cachesync    = flag.String("cachesync", "build/cachesync", "cachesync binary")
 		wasm         = flag.String("wasm", "build/kvroute.wasm", "the filter module")
+		floor        = flag.String("floor", "build/floor.wasm", "the floor module (e2e/bench/floor)")
+		filterCost   = flag.Bool("filter-cost", false, "measure the filter's own cost in real Envoy first")
+		costRounds   = flag.Int("filter-cost-rounds", 5, "interleaved rounds of the filter-cost measurement")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o, err := options(*out, *workloads, *arms, *quick, *venvs, *tokenizer, *cachesync, *wasm)
+	if err == nil && *rates != "" {
+		err = setRates(o.Workloads, *rates)
+	}
 	if err == nil {
 		o.StageSeconds = *stageSeconds
 		o.Engines = bench.EngineConfig{Count: *engines, GPUBlocks: *gpuBlocks, TimeScale: *timeScale}
@@ -55,6 +64,11 @@ func main() {
 		o.Command = "go run ./e2e/cmd/bench " + strings.Join(os.Args[1:], " ")
 		o.Log = os.Stdout
 		o.Versions = versions(ctx, o)
+		if *filterCost {
+			o.FilterCost = &bench.FilterCostOptions{EnvoyYAML: "envoy.yaml", Wasm: *wasm, Floor: *floor,
+				Sizes: []int{2 << 10, 16 << 10, 128 << 10, 512 << 10}, Rounds: *costRounds, PerRound: 400,
+				Concurrency: 8, RPSDuration: 3 * time.Second, Dir: filepath.Join(*out, "runs", "filter-cost")}
+		}
 		_, err = bench.Run(ctx, o)
 	}
 	if err != nil {
@@ -127,6 +141,26 @@ func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesyn
 		}
 	}
 	return o, nil
+}
+
+func setRates(ws []*bench.Workload, list string) error {
+	var rates []float64
+	for _, f := range split(list) {
+		r, err := strconv.ParseFloat(f, 64)
+		if err != nil || r <= 0 {
+			return fmt.Errorf("-rates: %q is not a rate", f)
+		}
+		rates = append(rates, r)
+	}
+	for i, w := range ws {
+		if w.Concurrency != nil {
+			return fmt.Errorf("-rates: %s is a concurrency ladder", w.Name)
+		}
+		c := *w
+		c.Rates = rates
+		ws[i] = &c
+	}
+	return nil
 }
 
 func split(s string) []string {

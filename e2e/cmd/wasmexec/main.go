@@ -28,6 +28,7 @@ import (
 	"strings"
 
 	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 	"github.com/tetratelabs/wazero/sys"
 )
@@ -60,6 +61,10 @@ func run(path string, args []string) int {
 	mod, err := rt.CompileModule(ctx, bin)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "wasmexec: compiling %s: %v\n", path, err)
+		return 1
+	}
+	if err := stubProxyWasm(ctx, rt, mod); err != nil {
+		fmt.Fprintln(os.Stderr, "wasmexec:", err)
 		return 1
 	}
 	conf := wazero.NewModuleConfig().
@@ -115,4 +120,37 @@ func cacheDir() string {
 		return filepath.Join(dir, "wasmexec")
 	}
 	return filepath.Join(os.TempDir(), "wasmexec")
+}
+
+// unimplemented is the proxy-wasm status a stubbed hostcall answers.
+const unimplemented = 12
+
+// stubProxyWasm satisfies the module's proxy-wasm imports (module "env")
+// with functions that answer "unimplemented", as the ABI layer's native
+// build does: the filter's own tests and benchmarks then run compiled to
+// Wasm, as long as they make no hostcall.
+func stubProxyWasm(ctx context.Context, rt wazero.Runtime, mod wazero.CompiledModule) error {
+	b := rt.NewHostModuleBuilder("env")
+	n := 0
+	for _, f := range mod.ImportedFunctions() {
+		m, name, _ := f.Import()
+		if m != "env" {
+			continue
+		}
+		n++
+		results := f.ResultTypes()
+		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(_ context.Context, _ api.Module, stack []uint64) {
+			for i := range results {
+				stack[i] = 0
+			}
+			if len(results) == 1 {
+				stack[0] = unimplemented
+			}
+		}), f.ParamTypes(), results).Export(name)
+	}
+	if n == 0 {
+		return nil
+	}
+	_, err := b.Instantiate(ctx)
+	return err
 }

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/blockhash"
+	"github.com/kvroute/kvroute/shared/policy"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/report"
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
+// BenchmarkRoute is the filter's request-path compute for one body, as in
+// local mode with three endpoints, one of which holds the prompt: the
+// whole route (render, hash, pick) and each stage alone, and the report
+// record it then encodes. The hostcalls around it are BenchmarkModuleCallbacks'
+// (e2e). go test ./filter -run '^$' -bench Route
+func BenchmarkRoute(b *testing.B) {
+	cfg := defaultConfig()
+	cfg.endpoints = []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
+	if err := cfg.finish(); err != nil {
+		b.Fatal(err)
+	}
+	for _, size := range []int{2 << 10, 16 << 10, 128 << 10, 512 << 10} {
+		body := benchBody(size)
+		r, err := newRouter(cfg, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p, err := prompt.Render(nil, body, cfg.template)
+		if err != nil {
+			b.Fatal(err)
+		}
+		hashes := blockhash.Append(nil, blockhash.Seed(p.Model, ""), p.Text, cfg.hashing)
+		view := benchView(b, cfg.endpoints, hashes)
+		locals := func(*snapshot.View) []policy.Local { return nil }
+		name := strconv.Itoa(size>>10) + "KiB"
+		b.Run("route/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if d := r.route(body, view, locals, false, true); d.outcome != routed {
+					b.Fatal(d.outcome)
+				}
+			}
+		})
+		b.Run("render/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			var rd prompt.Renderer
+			var text []byte
+			for b.Loop() {
+				p, _ := rd.Render(text[:0], body, cfg.template)
+				text = p.Text[:0]
+			}
+		})
+		b.Run("hash/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(p.Text)))
+			var hs []uint64
+			for b.Loop() {
+				hs = blockhash.Append(hs[:0], 1, p.Text, cfg.hashing)
+			}
+		})
+		b.Run("pick/"+name, func(b *testing.B) {
+			pk, err := policy.New(cfg.policy)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				pk.Pick(view, &policy.Request{Hashes: hashes, PromptTokens: len(p.Text) / 4})
+			}
+		})
+		b.Run("report/"+name, func(b *testing.B) {
+			hs := hashes[:min(len(hashes), cfg.reportBlocks)]
+			var rec []byte
+			for b.Loop() {
+				rec, _ = report.AppendRecord(rec[:0], &report.Record{Endpoint: cfg.endpoints[0], Model: "qwen", Hashes: hs})
+			}
+		})
+	}
+}
+
+func benchBody(size int) []byte {
+	system := strings.Repeat("You are a meticulous assistant for the billing team. ", 40)
+	var user strings.Builder
+	for user.Len()+len(system)+200 < size {
+		user.WriteString("Tell me more about prefix caching and routing, please. ")
+	}
+	b, _ := json.Marshal(map[string]any{"model": "qwen", "messages": []map[string]string{
+		{"role": "system", "content": system}, {"role": "user", "content": user.String()},
+	}})
+	return b
+}
+
+// benchView is a snapshot in which the first endpoint holds the prompt.
+func benchView(b *testing.B, eps []string, hashes []uint64) *snapshot.View {
+	bl, err := snapshot.NewBuilder(snapshot.BuilderConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, e := range eps {
+		if _, err := bl.SetEndpoint(snapshot.EndpointInfo{Addr: e, Health: snapshot.HealthHealthy}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, h := range hashes {
+		if err := bl.Add(0, h, snapshot.TierGPU); err != nil {
+			b.Fatal(err)
+		}
+	}
+	keys := snapshot.NewKeys("b/")
+	im := bl.Build(time.Now())
+	bu, err := snapshot.ParseBundle(im.AppendBundle(nil, 0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	store := map[string][]byte{}
+	for _, p := range bu.Parts() {
+		store[keys.Part(p)] = p.Data
+	}
+	store[keys.Head()] = bu.Manifest().AppendHead(nil)
+	v := snapshot.NewView(keys)
+	if _, err := v.Refresh(func(k string) ([]byte, error) { return store[k], nil }); err != nil {
+		b.Fatal(err)
+	}
+	return v
+}
