@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"slices"
 	"time"
+
+	"github.com/kvroute/kvroute/shared/predict"
 )
 
 // DefaultShardBits gives 256 shards; see "Shard count" in the package
@@ -58,6 +60,13 @@ type EndpointInfo struct {
 	// Threshold is the calibrated saturation threshold, in units of Signal.
 	Threshold int
 	Signal    Signal
+	// IndexCapacity is how many text blocks the endpoint's cache holds, as
+	// the index sizes it (its KV capacity in text blocks); 0 unknown. The
+	// blocks the index holds for the endpoint are counted by the Builder.
+	IndexCapacity int
+	// Model is the endpoint's fitted latency model (shared/predict); its
+	// zero value, with no samples, means none.
+	Model predict.Model
 }
 
 func (e *EndpointInfo) validate() error {
@@ -77,7 +86,10 @@ func (e *EndpointInfo) validate() error {
 	if e.Health > HealthUnhealthy || e.Signal > SignalRequests {
 		return errors.New("snapshot: endpoint " + e.Addr + ": unknown health or signal")
 	}
-	for _, n := range []int{e.Running, e.Waiting, e.PrefillTokens, e.Threshold} {
+	if !e.Model.Valid() {
+		return errors.New("snapshot: endpoint " + e.Addr + ": latency model has a negative or non-finite coefficient")
+	}
+	for _, n := range []int{e.Running, e.Waiting, e.PrefillTokens, e.Threshold, e.IndexCapacity} {
 		if n < 0 || int64(n) > math.MaxUint32 {
 			return errors.New("snapshot: endpoint " + e.Addr + ": count out of range")
 		}
@@ -147,6 +159,7 @@ type Builder struct {
 type epState struct {
 	info   EndpointInfo
 	since  uint64
+	held   int // text blocks the index holds for it, in any tier
 	vacant bool
 }
 
@@ -261,7 +274,28 @@ func (b *Builder) update(h uint64, slot int, set, clear uint8) {
 	if nw == old {
 		return
 	}
+	b.countHeld(slot, old, nw)
 	b.setEntry(sh, h, old, nw)
+}
+
+// countHeld follows how many blocks slot holds as an entry moves from set
+// old to set nw.
+func (b *Builder) countHeld(slot int, old, nw uint32) {
+	was, is := b.sets.sets[old].slotMask(slot) != 0, b.sets.sets[nw].slotMask(slot) != 0
+	switch {
+	case is && !was:
+		b.eps[slot].held++
+	case was && !is:
+		b.eps[slot].held--
+	}
+}
+
+// Held returns how many blocks the index holds for the endpoint in slot.
+func (b *Builder) Held(slot int) int {
+	if !b.live(slot) {
+		return 0
+	}
+	return b.eps[slot].held
 }
 
 func (b *Builder) setEntry(sh *shardState, h uint64, old, nw uint32) {
@@ -311,6 +345,7 @@ func (b *Builder) ClearEndpoint(slot int) {
 			}
 		}
 	}
+	b.eps[slot].held = 0
 }
 
 // Entries returns the number of block hashes indexed.

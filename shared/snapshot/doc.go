@@ -74,7 +74,7 @@
 //	52   4     bytes of prompt text a token stands for, float32; 0 unknown
 //	56   24    delta reference
 //	80   24·2^S shard references, by index
-//	     64E   endpoint rows, by slot
+//	     96E   endpoint rows, by slot
 //	     8M    names: uint32 offset into strings, uint16 length,
 //	           uint8 kind (0 model, 1 LoRA adapter), reserved byte
 //	     2I    name ids (uint16); each endpoint's list is contiguous
@@ -97,7 +97,12 @@
 //	36   4     saturation threshold, in units of the signal
 //	40   4     KV-cache usage, float32 in [0, 1]
 //	44   4     prefill throughput, tokens/s, float32; 0 unknown
-//	48   16    reserved, 0
+//	48   4     text blocks the index holds for the endpoint, in any tier
+//	52   4     the endpoint's cache capacity in text blocks; 0 unknown
+//	56   4     TTFT samples of its latency model (shared/predict)
+//	60   4     ITL samples
+//	64   20    TTFT coefficients, 5 float32, each finite and >= 0
+//	84   12    ITL coefficients, 3 float32, likewise
 //
 // The head, stored under Keys.Head, is "KVRH", the version (uint16), two
 // reserved bytes, the manifest's generation and its checksum: 24 bytes.

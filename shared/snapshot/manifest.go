@@ -4,11 +4,13 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/kvroute/kvroute/shared/predict"
 )
 
 const (
 	manifestFixed = 80 // header, fixed fields and the delta reference
-	endpointSize  = 64
+	endpointSize  = 96
 	nameSize      = 8
 )
 
@@ -160,21 +162,19 @@ func (e Endpoint) valid(m *Manifest) bool {
 	r := e.r
 	addrOff, addrLen := uint64(le.Uint32(r[8:])), uint64(le.Uint16(r[12:]))
 	names, idOff := uint64(le.Uint16(r[14:])), uint64(le.Uint32(r[16:]))
-	for _, x := range r[48:] {
-		if x != 0 {
-			return false
-		}
-	}
 	if r[22]|r[23] != 0 {
 		return false
 	}
 	if addrLen == 0 { // vacant: nothing else may be set
-		for _, x := range r[:48] {
+		for _, x := range r {
 			if x != 0 {
 				return false
 			}
 		}
 		return true
+	}
+	if mdl := e.LatencyModel(); !mdl.Valid() {
+		return false
 	}
 	kv, rate := float64(math.Float32frombits(le.Uint32(r[40:]))), float64(math.Float32frombits(le.Uint32(r[44:])))
 	return le.Uint64(r[:]) <= m.ref.gen &&
@@ -182,6 +182,28 @@ func (e Endpoint) valid(m *Manifest) bool {
 		idOff+names <= uint64(len(m.ids)/2) &&
 		Health(r[20]) <= HealthUnhealthy && Signal(r[21]) <= SignalRequests &&
 		kv >= 0 && kv <= 1 && rate >= 0 && rate <= math.MaxFloat32
+}
+
+// IndexBlocks returns the text blocks the index holds for the endpoint, in
+// any tier.
+func (e Endpoint) IndexBlocks() int { return int(le.Uint32(e.r[48:])) }
+
+// IndexCapacity returns the text blocks the endpoint's cache holds as the
+// index sizes it; 0 if unknown.
+func (e Endpoint) IndexCapacity() int { return int(le.Uint32(e.r[52:])) }
+
+// LatencyModel returns the endpoint's fitted latency model; one with no
+// samples when cachesync has none.
+func (e Endpoint) LatencyModel() predict.Model {
+	var m predict.Model
+	m.TTFTSamples, m.ITLSamples = le.Uint32(e.r[56:]), le.Uint32(e.r[60:])
+	for i := range m.TTFTCoef {
+		m.TTFTCoef[i] = math.Float32frombits(le.Uint32(e.r[64+4*i:]))
+	}
+	for i := range m.ITLCoef {
+		m.ITLCoef[i] = math.Float32frombits(le.Uint32(e.r[84+4*i:]))
+	}
+	return m
 }
 
 // Vacant reports whether the slot holds no endpoint.
@@ -317,6 +339,17 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 			le.PutUint32(r[36:], uint32(e.info.Threshold))
 			le.PutUint32(r[40:], math.Float32bits(float32(e.info.KVCacheUsage)))
 			le.PutUint32(r[44:], math.Float32bits(float32(e.info.PrefillRate)))
+			le.PutUint32(r[48:], uint32(e.held))
+			le.PutUint32(r[52:], uint32(e.info.IndexCapacity))
+			mdl := &e.info.Model
+			le.PutUint32(r[56:], mdl.TTFTSamples)
+			le.PutUint32(r[60:], mdl.ITLSamples)
+			for i, c := range mdl.TTFTCoef {
+				le.PutUint32(r[64+4*i:], math.Float32bits(c))
+			}
+			for i, c := range mdl.ITLCoef {
+				le.PutUint32(r[84+4*i:], math.Float32bits(c))
+			}
 		}
 		dst = append(dst, r[:]...)
 	}

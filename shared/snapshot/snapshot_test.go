@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/kvroute/kvroute/shared/predict"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -247,5 +249,50 @@ func TestManifestBytesPerToken(t *testing.T) {
 		if _, err := NewBuilder(BuilderConfig{BytesPerToken: bad}); err == nil {
 			t.Errorf("builder accepted %v bytes per token", bad)
 		}
+	}
+}
+
+// TestEndpointLoadTerms: the blocks the index holds per endpoint are
+// counted whatever the tiers, published with the capacity and the latency
+// model, and cleared with the endpoint.
+func TestEndpointLoadTerms(t *testing.T) {
+	b := newBuilder(t, BuilderConfig{ShardBits: 2}, 0)
+	mdl := predict.Default(20000)
+	mdl.TTFTSamples = 99
+	slot, err := b.SetEndpoint(EndpointInfo{Addr: "10.0.0.1:8000", Health: HealthHealthy, IndexCapacity: 5000, Model: mdl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := b.SetEndpoint(EndpointInfo{Addr: "10.0.0.2:8000", Health: HealthHealthy})
+	for h := uint64(1); h <= 10; h++ {
+		b.Add(slot, h, TierGPU)
+		b.Add(other, h, TierGPU)
+	}
+	b.Add(slot, 3, TierCPU)    // a second tier of a held block: still one
+	b.Add(slot, 11, TierCPU)   // a CPU-only block counts
+	b.Remove(slot, 1, TierGPU) // gone from its only tier
+	b.Remove(slot, 99, TierGPU)
+	if got := b.Held(slot); got != 10 {
+		t.Fatalf("Held = %d, want 10", got)
+	}
+	m, err := ParseManifest(b.Build(epoch).manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := m.Endpoint(slot)
+	if e.IndexBlocks() != 10 || e.IndexCapacity() != 5000 || m.Endpoint(other).IndexBlocks() != 10 {
+		t.Errorf("row: %d blocks of %d, other %d", e.IndexBlocks(), e.IndexCapacity(), m.Endpoint(other).IndexBlocks())
+	}
+	if got := e.LatencyModel(); got != mdl {
+		t.Errorf("model %+v, want %+v", got, mdl)
+	}
+	b.ClearEndpoint(slot)
+	if b.Held(slot) != 0 || b.Held(other) != 10 {
+		t.Errorf("after clearing: %d and %d", b.Held(slot), b.Held(other))
+	}
+	bad := mdl
+	bad.ITLCoef[0] = -1
+	if _, err := b.SetEndpoint(EndpointInfo{Addr: "10.0.0.3:8000", Model: bad}); err == nil {
+		t.Error("a model with a negative coefficient was taken")
 	}
 }

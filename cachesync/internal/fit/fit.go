@@ -1,0 +1,137 @@
+// Package fit fits the latency models of shared/predict online, one per
+// endpoint: weighted least squares over exponentially forgotten samples,
+// held near the endpoint's default model by a prior, with non-negative
+// coefficients.
+//
+// Each sample adds its outer product to a small normal-equation system
+// (5 unknowns for TTFT, 3 for ITL) after decaying the old ones, so a fit
+// costs constant memory and follows an endpoint whose behaviour drifts
+// (a new model version, another accelerator) within a few hundred samples.
+// Solving is coordinate descent on the regularised quadratic, projected on
+// the non-negative orthant: exact per coordinate, a few dozen sweeps to
+// converge for systems this small.
+package fit
+
+import (
+	"math"
+
+	"github.com/kvroute/kvroute/shared/predict"
+)
+
+// Forget is the weight a sample keeps per newer sample: about the last
+// 1/(1-Forget) = 500 samples count.
+const Forget = 0.998
+
+// priorWeight is how many samples' worth the prior counts for.
+const priorWeight = 4
+
+// system is the decayed normal equations of one fit, of at most
+// predict.NumTTFT unknowns.
+type system struct {
+	a       [predict.NumTTFT][predict.NumTTFT]float64
+	b       [predict.NumTTFT]float64
+	sq      [predict.NumTTFT]float64 // decayed Σ x_j², for the prior's scale
+	weight  float64
+	samples uint32
+}
+
+// Model fits one endpoint's TTFT and ITL models.
+type Model struct {
+	ttft system
+	itl  system
+}
+
+// AddTTFT adds an observed time to first token, in seconds, with the terms
+// the decision saw.
+func (m *Model) AddTTFT(f predict.Features, seconds float64) {
+	if !(seconds > 0) || math.IsInf(seconds, 0) {
+		return
+	}
+	x := [predict.NumTTFT]float64{1, f.Uncached, f.Backlog, f.Running, f.Waiting}
+	m.ttft.add(x[:], seconds)
+}
+
+// AddITL adds an observed inter-token latency, in seconds per token, with
+// the batch it ran in.
+func (m *Model) AddITL(running, kv, seconds float64) {
+	if !(seconds > 0) || math.IsInf(seconds, 0) {
+		return
+	}
+	x := [predict.NumITL]float64{1, running, kv}
+	m.itl.add(x[:], seconds)
+}
+
+func (s *system) add(x []float64, y float64) {
+	for i := range x {
+		for j := range x {
+			s.a[i][j] = Forget*s.a[i][j] + x[i]*x[j]
+		}
+		s.b[i] = Forget*s.b[i] + x[i]*y
+		s.sq[i] = Forget*s.sq[i] + x[i]*x[i]
+	}
+	s.weight = Forget*s.weight + 1
+	s.samples++
+}
+
+// Fit returns the fitted model, starting from (and held near) prior.
+func (m *Model) Fit(prior predict.Model) predict.Model {
+	out := prior
+	var p5 [predict.NumTTFT]float64
+	for i, c := range prior.TTFTCoef {
+		p5[i] = float64(c)
+	}
+	for i, c := range m.ttft.solve(p5[:], predict.NumTTFT) {
+		out.TTFTCoef[i] = float32(c)
+	}
+	var p3 [predict.NumTTFT]float64
+	for i, c := range prior.ITLCoef {
+		p3[i] = float64(c)
+	}
+	for i, c := range m.itl.solve(p3[:predict.NumITL], predict.NumITL) {
+		out.ITLCoef[i] = float32(c)
+	}
+	out.TTFTSamples, out.ITLSamples = m.ttft.samples, m.itl.samples
+	return out
+}
+
+// solve minimises Σ w (y - x·β)² + μ Σ_j s_j (β_j - prior_j)² over β >= 0,
+// where s_j is feature j's mean square, so the prior weighs like
+// priorWeight samples whatever the feature's scale.
+func (s *system) solve(prior []float64, n int) []float64 {
+	beta := make([]float64, n)
+	copy(beta, prior)
+	if s.weight == 0 {
+		return beta
+	}
+	var a [predict.NumTTFT][predict.NumTTFT]float64
+	var b [predict.NumTTFT]float64
+	for i := range n {
+		reg := priorWeight * s.sq[i] / s.weight
+		if reg == 0 {
+			reg = 1e-12
+		}
+		for j := range n {
+			a[i][j] = s.a[i][j]
+		}
+		a[i][i] += reg
+		b[i] = s.b[i] + reg*prior[i]
+	}
+	for range 200 {
+		moved := 0.0
+		for j := range n {
+			r := b[j]
+			for k := range n {
+				if k != j {
+					r -= a[j][k] * beta[k]
+				}
+			}
+			v := max(0, r/a[j][j])
+			moved = max(moved, math.Abs(v-beta[j])/(math.Abs(beta[j])+1e-12))
+			beta[j] = v
+		}
+		if moved < 1e-9 {
+			break
+		}
+	}
+	return beta
+}

@@ -1,0 +1,84 @@
+package fit
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvroute/kvroute/shared/predict"
+)
+
+// TestRecoversTTFT: samples drawn from a known linear TTFT (with noise)
+// give back its coefficients, and predictions within a few percent.
+func TestRecoversTTFT(t *testing.T) {
+	truth := [predict.NumTTFT]float64{0.02, 1.0 / 20000, 1.0 / 20000, 0.002, 0.05}
+	r := rand.New(rand.NewPCG(1, 2))
+	var m Model
+	for range 2000 {
+		f := predict.Features{Uncached: r.Float64() * 8000, Backlog: r.Float64() * 30000, Running: float64(r.IntN(40)), Waiting: float64(r.IntN(5))}
+		y := truth[0] + truth[1]*f.Uncached + truth[2]*f.Backlog + truth[3]*f.Running + truth[4]*f.Waiting
+		m.AddTTFT(f, y*(1+0.05*r.NormFloat64()))
+	}
+	got := m.Fit(predict.Default(15928))
+	if got.TTFTSamples != 2000 {
+		t.Errorf("samples %d", got.TTFTSamples)
+	}
+	var worst float64
+	for range 200 {
+		f := predict.Features{Uncached: r.Float64() * 8000, Backlog: r.Float64() * 30000, Running: float64(r.IntN(40)), Waiting: float64(r.IntN(5))}
+		want := truth[0] + truth[1]*f.Uncached + truth[2]*f.Backlog + truth[3]*f.Running + truth[4]*f.Waiting
+		worst = max(worst, math.Abs(got.TTFT(f, nil)-want)/want)
+	}
+	if worst > 0.05 {
+		t.Errorf("worst prediction error %.1f%% with coefficients %v, truth %v", 100*worst, got.TTFTCoef, truth)
+	}
+}
+
+// TestNonNegativeAndPrior: a term that never varies keeps its prior, and a
+// term the data pushes below zero stops at zero.
+func TestNonNegativeAndPrior(t *testing.T) {
+	var m Model
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 1000 {
+		f := predict.Features{Uncached: r.Float64() * 4000, Running: float64(r.IntN(20))}
+		// Time falls with more running requests: nonsense a fit must not learn.
+		m.AddTTFT(f, 0.5+f.Uncached/10000-0.01*f.Running)
+	}
+	prior := predict.Default(10000)
+	got := m.Fit(prior)
+	if !got.Valid() {
+		t.Fatalf("invalid fit %v", got.TTFTCoef)
+	}
+	if got.TTFTCoef[3] != 0 {
+		t.Errorf("running coefficient %v, want 0 (never negative)", got.TTFTCoef[3])
+	}
+	if got.TTFTCoef[2] != prior.TTFTCoef[2] || got.TTFTCoef[4] != prior.TTFTCoef[4] {
+		t.Errorf("unobserved terms %v and %v moved from their priors %v and %v", got.TTFTCoef[2], got.TTFTCoef[4], prior.TTFTCoef[2], prior.TTFTCoef[4])
+	}
+}
+
+// TestITLAndFallback: an ITL fit follows the batch size; a model with too
+// few samples predicts with its fallback.
+func TestITLAndFallback(t *testing.T) {
+	var m Model
+	for i := range 500 {
+		running := float64(i % 50)
+		m.AddITL(running, 0.5, 0.012+0.0004*running)
+	}
+	got := m.Fit(predict.Default(15928))
+	if p := got.ITL(30, 0.5, nil); math.Abs(p-0.024)/0.024 > 0.05 {
+		t.Errorf("ITL at 30 running %.4f s, want 0.024", p)
+	}
+	var few Model
+	few.AddTTFT(predict.Features{Uncached: 1000}, 9)
+	fb := predict.Default(1000)
+	fitted := few.Fit(fb)
+	if p := fitted.TTFT(predict.Features{Uncached: 1000}, &fb); math.Abs(p-fb.TTFT(predict.Features{Uncached: 1000}, &fb)) > 1e-9 {
+		t.Errorf("a one-sample fit predicted %.3f s, want the fallback's", p)
+	}
+	m.AddTTFT(predict.Features{}, math.NaN())
+	m.AddITL(1, 1, -1)
+	if m.ttft.samples != 0 || m.itl.samples != 500 {
+		t.Error("non-positive or NaN observations were taken")
+	}
+}

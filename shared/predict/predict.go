@@ -1,0 +1,107 @@
+// Package predict is kvroute's latency model: an endpoint's time to first
+// token and inter-token latency as linear functions of what it is doing,
+// fitted online by cachesync (Fitter) and evaluated by the filter on every
+// request (Model.TTFT, Model.ITL) without allocating.
+//
+// The terms are what a continuous-batching engine spends a step on:
+//
+//	TTFT = a0 + a1·uncached + a2·backlog + a3·running + a4·waiting   seconds
+//	ITL  = b0 + b1·running + b2·kv                                  seconds per token
+//
+// uncached is this request's prompt tokens the endpoint must prefill,
+// backlog the uncached prompt tokens ahead of it, running and waiting the
+// endpoint's requests in its batch and in its queue, kv its KV-cache usage
+// (0 to 1). Coefficients are kept non-negative: more work never predicts
+// less time. A model with too few samples is not trusted; Default stands in
+// for it, built from the endpoint's calibrated prefill rate.
+package predict
+
+import (
+	"math"
+)
+
+// NumTTFT and NumITL are the model's coefficient counts.
+const (
+	NumTTFT = 5
+	NumITL  = 3
+)
+
+// Features are one decision's terms on one endpoint.
+type Features struct {
+	Uncached, Backlog, Running, Waiting float64
+}
+
+func (f *Features) vector() [NumTTFT]float64 {
+	return [NumTTFT]float64{1, f.Uncached, f.Backlog, f.Running, f.Waiting}
+}
+
+// Model is one endpoint's fitted latency model.
+type Model struct {
+	TTFTCoef [NumTTFT]float32
+	ITLCoef  [NumITL]float32
+	// Samples are the observations behind each fit; a fit is used from
+	// MinSamples on.
+	TTFTSamples, ITLSamples uint32
+}
+
+// MinSamples is how many observations a fit needs before it is used.
+const MinSamples = 64
+
+// Default step costs, for an endpoint nothing is known of but its prefill
+// rate: one engine step (about 10 ms for a 32B model on H100s, vLLM's usual
+// scale) and its growth per sequence in the batch (a decoding sequence adds
+// its attention over its context, a few percent of a step).
+const (
+	DefaultStep       = 0.010
+	DefaultPerRunning = DefaultStep / 32
+)
+
+// Default is the model of an endpoint with no fits: prefill at rate
+// tokens/s behind the backlog, one step per token while decoding.
+func Default(rate float64) Model {
+	var m Model
+	m.TTFTCoef = [NumTTFT]float32{DefaultStep, float32(1 / rate), float32(1 / rate), 0, 0}
+	m.ITLCoef = [NumITL]float32{DefaultStep, DefaultPerRunning, 0}
+	return m
+}
+
+// TTFT predicts the time to first token, in seconds. A model whose fit has
+// too few samples answers with fallback's, when there is one.
+func (m *Model) TTFT(f Features, fallback *Model) float64 {
+	c := &m.TTFTCoef
+	if m.TTFTSamples < MinSamples && fallback != nil {
+		c = &fallback.TTFTCoef
+	}
+	x := f.vector()
+	var t float64
+	for i := range x {
+		t += float64(c[i]) * x[i]
+	}
+	return t
+}
+
+// ITL predicts the inter-token latency, in seconds per token, with running
+// requests in the batch and KV-cache usage kv.
+func (m *Model) ITL(running, kv float64, fallback *Model) float64 {
+	c := &m.ITLCoef
+	if m.ITLSamples < MinSamples && fallback != nil {
+		c = &fallback.ITLCoef
+	}
+	return float64(c[0]) + float64(c[1])*running + float64(c[2])*kv
+}
+
+// Valid reports whether every coefficient is a finite non-negative number
+// (what a snapshot reader checks before using a model).
+func (m *Model) Valid() bool {
+	for _, c := range m.TTFTCoef {
+		if !(c >= 0) || math.IsInf(float64(c), 0) {
+			return false
+		}
+	}
+	for _, c := range m.ITLCoef {
+		if !(c >= 0) || math.IsInf(float64(c), 0) {
+			return false
+		}
+	}
+	return true
+}
