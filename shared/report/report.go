@@ -9,6 +9,13 @@
 //	batch:  "KVRP" | u16 version | u16 0 | u32 records | u32 0 | record... | u64 XXH64(everything before)
 //	record: u8 recordTag | u8 len(endpoint) | u8 len(model) | u8 0 | u32 hashes | u32 cached |
 //	        endpoint | model | hashes x u64
+//	outcome: u8 outcomeTag | u8 len(endpoint) | u16 0 | u32 0 | u32 0 | endpoint |
+//	        f32 uncached | f32 backlog | f32 running | f32 waiting | f32 predicted TTFT | f32 observed TTFT
+//
+// A routing record says where a prompt went; an outcome record, sent once
+// the request's first token is out, what its time to first token was
+// against what the policy predicted from the terms it saw (shared/predict),
+// for cachesync to fit the endpoint's latency model.
 //
 // All integers are little-endian. A record is self-delimited and carries no
 // checksum of its own, so a gateway encodes one record per request
@@ -24,26 +31,32 @@ import (
 	"encoding/binary"
 	"errors"
 	"iter"
+	"math"
 	"slices"
 	"strconv"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/shared/errdetail"
+	"github.com/kvroute/kvroute/shared/predict"
 )
 
 // Version is the batch format version this package writes and the only one
 // it reads.
-const Version = 1
+const Version = 2
 
 const (
 	magic       = "KVRP"
 	headerSize  = 16
 	trailerSize = 8
 	recordFixed = 12
-	// recordTag opens every record: a record queued by a module built
-	// against another format is refused before it reaches a batch.
-	recordTag = 0xB1
+	// recordTag and outcomeTag open every record: a record queued by a
+	// module built against another format is refused before it reaches a
+	// batch.
+	recordTag  = 0xB1
+	outcomeTag = 0xB2
+	// outcomeBody is an outcome record's six float32s.
+	outcomeBody = 24
 )
 
 // MaxName is the longest endpoint address or model name a record carries.
@@ -132,11 +145,60 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 	return dst, nil
 }
 
+// Outcome is what a routed request's first token took.
+type Outcome struct {
+	Endpoint string
+	// Features are the terms the policy saw for the endpoint.
+	Features predict.Features
+	// Predicted and Observed are the time to first token the policy
+	// expected and the one the gateway saw, in seconds.
+	Predicted, Observed float64
+}
+
+// AppendOutcome appends o, encoded, to dst. It refuses an empty or overlong
+// endpoint and a figure that is negative or not finite as a float32 (which
+// would make Parse refuse the whole batch), and returns dst unchanged.
+func AppendOutcome(dst []byte, o *Outcome) ([]byte, error) {
+	if len(o.Endpoint) == 0 || len(o.Endpoint) > MaxName {
+		return dst, errors.New("report: endpoint must have 1 to 255 bytes")
+	}
+	f := &o.Features
+	vs := [...]float64{f.Uncached, f.Backlog, f.Running, f.Waiting, o.Predicted, o.Observed}
+	for _, v := range vs {
+		if !validFigure(float32(v)) {
+			return dst, errors.New("report: outcome figure negative or not finite")
+		}
+	}
+	dst = append(dst, outcomeTag, byte(len(o.Endpoint)), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	dst = append(dst, o.Endpoint...)
+	for _, v := range vs {
+		dst = le.AppendUint32(dst, math.Float32bits(float32(v)))
+	}
+	return dst, nil
+}
+
+func validFigure(v float32) bool { return v >= 0 && v <= math.MaxFloat32 }
+
 // recordSize checks the record at the start of b against the format and
 // maxHashes and returns its size and hash count.
 func recordSize(b []byte, maxHashes int) (size, hashes int, err error) {
 	if len(b) < recordFixed {
 		return 0, 0, corrupt("record truncated")
+	}
+	if b[0] == outcomeTag {
+		if b[1] == 0 || b[2]|b[3] != 0 || le.Uint32(b[4:])|le.Uint32(b[8:]) != 0 {
+			return 0, 0, corrupt("bad outcome record")
+		}
+		size = recordFixed + int(b[1]) + outcomeBody
+		if size > len(b) {
+			return 0, 0, corrupt("record truncated")
+		}
+		for i := size - outcomeBody; i < size; i += 4 {
+			if !validFigure(math.Float32frombits(le.Uint32(b[i:]))) {
+				return 0, 0, corrupt("outcome figure negative or not finite")
+			}
+		}
+		return size, 0, nil
 	}
 	if b[0] != recordTag || b[3] != 0 {
 		return 0, 0, corrupt("bad record tag")
@@ -292,6 +354,9 @@ func (b Batch) Records() iter.Seq[Entry] {
 		for range b.n {
 			// Parse checked every record, so the sizes hold.
 			size := recordFixed + int(p[1]) + int(p[2]) + 8*int(le.Uint32(p[4:]))
+			if p[0] == outcomeTag {
+				size = recordFixed + int(p[1]) + outcomeBody
+			}
 			if !yield(Entry{b: p[:size:size]}) {
 				return
 			}
@@ -303,6 +368,21 @@ func (b Batch) Records() iter.Seq[Entry] {
 // Entry is one record of a parsed batch, read in place.
 type Entry struct {
 	b []byte
+}
+
+// IsOutcome reports whether the entry is an outcome record (Outcome), not
+// a routing record (Model, Cached, the hashes).
+func (e Entry) IsOutcome() bool { return e.b[0] == outcomeTag }
+
+// Outcome returns an outcome record's figures; the endpoint is left empty
+// (read it with Endpoint).
+func (e Entry) Outcome() Outcome {
+	off := recordFixed + int(e.b[1])
+	v := func(i int) float64 { return float64(math.Float32frombits(le.Uint32(e.b[off+4*i:]))) }
+	return Outcome{
+		Features:  predict.Features{Uncached: v(0), Backlog: v(1), Running: v(2), Waiting: v(3)},
+		Predicted: v(4), Observed: v(5),
+	}
 }
 
 // Endpoint returns the endpoint's ip:port. The slice aliases the batch.

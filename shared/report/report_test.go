@@ -2,11 +2,14 @@ package report
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/shared/predict"
 )
 
 func sample(n int) []Record {
@@ -136,7 +139,7 @@ func TestAddEncodedRejects(t *testing.T) {
 	}{
 		{"truncated", good[:len(good)-1]},
 		{"trailing bytes", append(slices.Clone(good), 0xB1)},
-		{"bad tag", append([]byte{0xB2}, good[1:]...)},
+		{"bad tag", append([]byte{0xB3}, good[1:]...)},
 		{"batch instead of records", (&Writer{}).Bytes()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -177,6 +180,75 @@ func TestAppendRecordRejects(t *testing.T) {
 	}
 }
 
+// TestOutcomes checks that outcome records travel in a batch among routing
+// records and come back as they went, and that figures Parse would refuse
+// are refused when the record is made.
+func TestOutcomes(t *testing.T) {
+	want := Outcome{
+		Endpoint:  "10.0.0.2:8000",
+		Features:  predict.Features{Uncached: 1200, Backlog: 4096, Running: 7, Waiting: 1},
+		Predicted: 0.25, Observed: 0.375,
+	}
+	var w Writer
+	recs := sample(2)
+	if err := w.Add(&recs[0]); err != nil {
+		t.Fatal(err)
+	}
+	enc, err := AppendOutcome(nil, &want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := w.AddEncoded(enc); err != nil || n != 1 {
+		t.Fatalf("AddEncoded(outcome) = %d, %v", n, err)
+	}
+	if err := w.Add(&recs[1]); err != nil {
+		t.Fatal(err)
+	}
+	bt, err := Parse(w.Bytes(), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []bool
+	for e := range bt.Records() {
+		kinds = append(kinds, e.IsOutcome())
+		if !e.IsOutcome() {
+			continue
+		}
+		got := e.Outcome()
+		got.Endpoint = string(e.Endpoint())
+		if got != want {
+			t.Errorf("outcome %+v, want %+v", got, want)
+		}
+		if e.NumHashes() != 0 || len(e.Model()) != 0 {
+			t.Errorf("an outcome reads as a routing record with %d hashes, model %q", e.NumHashes(), e.Model())
+		}
+	}
+	if !slices.Equal(kinds, []bool{false, true, false}) {
+		t.Errorf("records in order are outcomes %v", kinds)
+	}
+
+	for _, bad := range []Outcome{
+		{},
+		{Endpoint: "a:1", Observed: -1},
+		{Endpoint: "a:1", Predicted: math.NaN()},
+		{Endpoint: "a:1", Features: predict.Features{Backlog: math.Inf(1)}},
+		{Endpoint: "a:1", Features: predict.Features{Running: 1e39}}, // infinite as a float32
+	} {
+		if got, err := AppendOutcome([]byte("keep"), &bad); err == nil || string(got) != "keep" {
+			t.Errorf("AppendOutcome(%+v) = %q, %v; want dst unchanged and an error", bad, got, err)
+		}
+	}
+	// A record that lies about its figures is corrupt.
+	b := slices.Clone(w.Bytes())
+	at := headerSize + len(enc) - 4 // the observed TTFT, after the first record
+	first, _ := AppendRecord(nil, &recs[0])
+	at += len(first)
+	le.PutUint32(b[at:], math.Float32bits(-1))
+	if _, err := Parse(reseal(b), Limits{}); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("negative observed TTFT: Parse = %v, want ErrCorrupt", err)
+	}
+}
+
 // reseal recomputes a batch's checksum so that a test reaches the checks
 // behind it.
 func reseal(b []byte) []byte {
@@ -210,7 +282,7 @@ func TestParseRejects(t *testing.T) {
 		{"truncated", good[:len(good)-3], Limits{}, ErrCorrupt},
 		{"bit flip", func() []byte { b := slices.Clone(good); b[40] ^= 1; return b }(), Limits{}, ErrCorrupt},
 		{"bad magic", edit(func(b []byte) []byte { b[0] = 'X'; return b }), Limits{}, ErrCorrupt},
-		{"version", edit(func(b []byte) []byte { b[4] = 2; return b }), Limits{}, ErrVersion},
+		{"version", edit(func(b []byte) []byte { b[4] = Version + 1; return b }), Limits{}, ErrVersion},
 		{"reserved header", edit(func(b []byte) []byte { b[12] = 1; return b }), Limits{}, ErrCorrupt},
 		{"count too high", edit(func(b []byte) []byte { b[8] = 4; return b }), Limits{}, ErrCorrupt},
 		{"count too low", edit(func(b []byte) []byte { b[8] = 2; return b }), Limits{}, ErrCorrupt},
