@@ -111,6 +111,9 @@ type Prompt struct {
 	Text    []byte // canonical text; shares storage with the dst passed to Render
 	Tokens  bool   // Text holds token ids, 4 bytes little-endian each
 	Prompts int    // prompts in the request; Text is the first one's
+	// MaxTokens is the output the request allows (max_completion_tokens,
+	// else max_tokens); 0 when it does not say, or says it oddly.
+	MaxTokens int
 }
 
 // Errors Render returns; the filter turns each into a fallback. Errors that
@@ -162,7 +165,10 @@ func (r *Renderer) Render(dst []byte, body []byte, t Template) (Prompt, error) {
 	if err := r.parse(body); err != nil {
 		return Prompt{}, err
 	}
-	p := Prompt{Prompts: 1}
+	p := Prompt{Prompts: 1, MaxTokens: r.req.maxTokens}
+	if r.req.maxCompletion > 0 {
+		p.MaxTokens = r.req.maxCompletion
+	}
 	if r.req.model.ok {
 		r.tmp = r.s.appendStr(r.tmp[:0], r.req.model)
 		p.Model = string(r.tmp)

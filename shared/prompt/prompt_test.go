@@ -390,3 +390,33 @@ func FuzzRender(f *testing.F) {
 		}
 	})
 }
+
+func TestMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		fields string
+		want   int
+	}{
+		{``, 0},
+		{`,"max_tokens":128`, 128},
+		{`,"max_tokens":128,"max_completion_tokens":64`, 64},
+		{`,"max_completion_tokens":64,"max_tokens":128`, 64},
+		{`,"max_tokens":null`, 0},
+		{`,"max_tokens":"12"`, 0},
+		{`,"max_tokens":1.5`, 0},
+		{`,"max_tokens":-3`, 0},
+		{`,"max_tokens":12345678901`, 0},
+		{`,"max_tokens":0`, 0},
+	} {
+		body := `{"model":"m","prompt":"hello"` + tc.fields + `}`
+		p, err := Render(nil, []byte(body), ChatML)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if p.MaxTokens != tc.want {
+			t.Errorf("%s: MaxTokens %d, want %d", body, p.MaxTokens, tc.want)
+		}
+	}
+	if _, err := Render(nil, []byte(`{"model":"m","prompt":"x","max_tokens":12x}`), ChatML); err == nil {
+		t.Error("invalid JSON after max_tokens accepted")
+	}
+}

@@ -59,6 +59,8 @@ type request struct {
 	tools    raw  // tools: present only when not null
 	noGen    bool // add_generation_prompt: false
 	prompt   raw  // completions prompt
+	// max_tokens and max_completion_tokens, when positive integers
+	maxTokens, maxCompletion int
 }
 
 // parse reads body into r's request, messages and parts in one pass.
@@ -100,6 +102,10 @@ func (r *Renderer) parse(body []byte) error {
 		case s.equalStr(key, "add_generation_prompt"):
 			r.req.noGen = s.ws() == 'f'
 			return s.skip(1)
+		case s.equalStr(key, "max_tokens"):
+			r.req.maxTokens, r.err = s.count()
+		case s.equalStr(key, "max_completion_tokens"):
+			r.req.maxCompletion, r.err = s.count()
 		default:
 			return s.skip(1)
 		}

@@ -391,6 +391,25 @@ func (s *scanner) number() (isInt bool, err error) {
 	return isInt, nil
 }
 
+// count reads any value where a token count belongs: a positive integer
+// below a billion is returned, anything else (null, a string, a fraction,
+// a huge number) is skipped and counts as 0, for the engine to judge.
+func (s *scanner) count() (int, error) {
+	if c := s.ws(); c < '0' || c > '9' {
+		return 0, s.skip(1)
+	}
+	start := s.pos
+	isInt, err := s.number()
+	if err != nil || !isInt || s.pos-start > 9 {
+		return 0, err
+	}
+	n := 0
+	for _, c := range s.b[start:s.pos] {
+		n = 10*n + int(c-'0')
+	}
+	return n, nil
+}
+
 func (s *scanner) literal(lit string) error {
 	if len(s.b)-s.pos < len(lit) || string(s.b[s.pos:s.pos+len(lit)]) != lit {
 		return ErrInvalidJSON
