@@ -226,7 +226,7 @@ func TestCachesyncHotPrefixSpillsAndReturns(t *testing.T) {
 	// stay in flight long enough to load the warm one.
 	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 4096, TimeScale: 0.5})
 	cs := startCachesync(t, "127.0.0.1:0", es, true)
-	g := cachesyncGateway(t, es, cs.addr, map[string]any{"max_ttft_penalty_ms": 50})
+	g := cachesyncGateway(t, es, cs.addr, nil)
 	hot := es[0]
 	system := strings.Repeat("The shared 3k-token system prompt of a coding agent. ", 220)
 	post(t, http.DefaultClient, hot.URL(), simChat(system, "warm", 1))
@@ -235,8 +235,9 @@ func TestCachesyncHotPrefixSpillsAndReturns(t *testing.T) {
 	})
 
 	// A burst of requests sharing the prefix, each with a long question of
-	// its own: the warm engine's queue of uncached tokens grows past the
-	// TTFT penalty and the gateway releases affinity.
+	// its own: the warm engine's queue of uncached tokens and its batch grow
+	// until a cold engine's full prefill is priced lower, and the gateway
+	// releases affinity.
 	var mu sync.Mutex
 	reasons := map[string]int{}
 	var wg sync.WaitGroup

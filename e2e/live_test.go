@@ -294,15 +294,16 @@ func TestInFlightLoadSpillsAndReleases(t *testing.T) {
 	h := newHost(t, wasmhost.Fixed)
 	eps := engines(threeEndpoints...)
 	f := newFakeCachesync(t, eps...)
-	cfg := liveConfig(t, map[string]any{"policy": map[string]any{"max_ttft_penalty_ms": 50}})
+	cfg := liveConfig(t, nil)
 	vm := newLiveVM(t, h, f, cfg)
 	body := chatBody(t, "qwen", strings.Repeat("hot prefix everybody shares ", 300), "q")
 	warm := threeEndpoints[0]
 	f.hold(warm, filterHashes(t, body))
 	syncVMs(vm)
 
-	// Each request to the warm endpoint adds uncached tokens; cold ones
-	// would prefill the whole prompt at 10k tokens/s. The penalty is 50 ms.
+	// Each request to the warm endpoint adds uncached tokens and a running
+	// request; cold ones would prefill the whole prompt. Once the warm
+	// one's predicted latency passes theirs, the request spills.
 	var open []*wasmhost.Stream
 	spilled := ""
 	for i := range 100 {
@@ -344,6 +345,7 @@ func TestCachesyncFailuresNeverFailRequests(t *testing.T) {
 	if d := decisionOf(t, s); !strings.Contains(d, "reason=rendezvous") {
 		t.Errorf("with cachesync down and no snapshot: %q, want rendezvous", d)
 	}
+	s.Close() // finished: no load of this gateway's own is left to price
 	// A snapshot arrives, then cachesync breaks: corrupt bundles are
 	// rejected and the last good snapshot keeps routing.
 	f.fail = false
@@ -362,6 +364,7 @@ func TestCachesyncFailuresNeverFailRequests(t *testing.T) {
 	if d := decisionOf(t, s); !strings.Contains(d, "reason=") || strings.Contains(d, "fallback=") {
 		t.Errorf("with a corrupt bundle: %q, want a routed decision from the last good snapshot", d)
 	}
+	s.Close()
 	f.corrupt = false
 	syncVMs(vm)
 	s = send(t, vm, postHeaders("/v1/chat/completions"), body, 4096)

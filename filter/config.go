@@ -43,6 +43,9 @@ type config struct {
 	localBlocks int
 	// debugHeader adds x-kvroute-decision to responses.
 	debugHeader bool
+	// shed answers 429 to a sheddable request (x-kvroute-sheddable) that
+	// no endpoint is predicted to serve within its SLO.
+	shed bool
 	// holdTimeout is how long a request may wait for its body before the
 	// filter lets it go unrouted. It only expires if Envoy never delivers
 	// the body, which happens when allow_on_headers_stop_iteration is unset.
@@ -194,22 +197,40 @@ var configFields = []struct {
 	{"cachesync.report_token", func(c *config, v gjson.Result) (err error) { c.cachesync.reportToken, err = nonEmpty(v); return }},
 	{"cachesync.report_token_env", func(c *config, v gjson.Result) (err error) { c.cachesync.reportTokenEnv, err = nonEmpty(v); return }},
 	{"cachesync.timeout_ms", func(c *config, v gjson.Result) (err error) { c.cachesync.timeout, err = millis(v, 1, 60_000); return }},
-	{"policy.mode", func(c *config, v gjson.Result) (err error) { c.policy.Mode, err = policy.ParseMode(v.String()); return }},
-	{"policy.affinity_threshold", func(c *config, v gjson.Result) (err error) { c.policy.AffinityThreshold, err = fraction(v); return }},
-	{"policy.max_ttft_penalty_ms", func(c *config, v gjson.Result) (err error) {
-		c.policy.MaxTTFTPenalty, err = millis(v, 0, 3_600_000)
+	{"policy.mode", func(c *config, v gjson.Result) (err error) {
+		if v.Type != gjson.String {
+			return errors.New("want auto, prefill or decode")
+		}
+		c.policy.Mode, err = policy.ParseMode(v.Str)
 		return
 	}},
-	{"policy.max_ttft_ms", func(c *config, v gjson.Result) (err error) { c.policy.MaxTTFT, err = millis(v, 1, 3_600_000); return }},
 	{"policy.prefill_tokens_per_second", func(c *config, v gjson.Result) error {
 		n, err := positiveInt(v, 1<<30)
 		c.policy.PrefillRate = float64(n)
 		return err
 	}},
-	{"policy.decode_cap", func(c *config, v gjson.Result) (err error) { c.policy.DecodeCap, err = positiveInt(v, 1<<20); return }},
 	{"policy.cpu_discount", func(c *config, v gjson.Result) (err error) { c.policy.CPUDiscount, err = fraction(v); return }},
-	{"policy.hysteresis", func(c *config, v gjson.Result) (err error) { c.policy.Hysteresis, err = fraction(v); return }},
+	{"policy.eviction_weight", func(c *config, v gjson.Result) error {
+		if v.Type != gjson.Number || v.Num < 0 || v.Num > 10 {
+			return errors.New("want a number from 0 to 10")
+		}
+		c.policy.EvictionWeight = v.Num
+		return nil
+	}},
 	{"policy.tie_tolerance_ms", func(c *config, v gjson.Result) (err error) { c.policy.TieTolerance, err = millis(v, 0, 60_000); return }},
+	{"policy.slo_ttft_ms", func(c *config, v gjson.Result) (err error) { c.policy.SLOTTFT, err = millis(v, 0, 3_600_000); return }},
+	{"policy.slo_tpot_ms", func(c *config, v gjson.Result) (err error) { c.policy.SLOTPOT, err = millis(v, 0, 60_000); return }},
+	{"policy.default_output_tokens", func(c *config, v gjson.Result) (err error) {
+		c.policy.DefaultOutputTokens, err = positiveInt(v, 1<<24)
+		return
+	}},
+	{"policy.shed", func(c *config, v gjson.Result) error {
+		if !v.IsBool() {
+			return errors.New("want true or false")
+		}
+		c.shed = v.Bool()
+		return nil
+	}},
 }
 
 // sections are the fields holding objects of fields.

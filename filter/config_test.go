@@ -42,14 +42,14 @@ var configKeys = []struct {
 	{"cachesync.report_token_env", `"PATH"`, func(c *config) bool { return c.cachesync.reportToken == os.Getenv("PATH") }, `"KVROUTE_NO_SUCH_VARIABLE"`},
 	{"cachesync.timeout_ms", `500`, func(c *config) bool { return c.cachesync.timeout == 500*time.Millisecond }, `0`},
 	{"policy.mode", `"decode"`, func(c *config) bool { return c.policy.Mode == policy.ModeDecode }, `"fast"`},
-	{"policy.affinity_threshold", `0.5`, func(c *config) bool { return c.policy.AffinityThreshold == 0.5 }, `1.5`},
-	{"policy.max_ttft_penalty_ms", `2000`, func(c *config) bool { return c.policy.MaxTTFTPenalty == 2*time.Second }, `-5`},
-	{"policy.max_ttft_ms", `30000`, func(c *config) bool { return c.policy.MaxTTFT == 30*time.Second }, `0`},
 	{"policy.prefill_tokens_per_second", `20000`, func(c *config) bool { return c.policy.PrefillRate == 20000 }, `0`},
-	{"policy.decode_cap", `64`, func(c *config) bool { return c.policy.DecodeCap == 64 }, `0`},
 	{"policy.cpu_discount", `0.5`, func(c *config) bool { return c.policy.CPUDiscount == 0.5 }, `2`},
-	{"policy.hysteresis", `0.2`, func(c *config) bool { return c.policy.Hysteresis == 0.2 }, `"x"`},
+	{"policy.eviction_weight", `2.5`, func(c *config) bool { return c.policy.EvictionWeight == 2.5 }, `11`},
 	{"policy.tie_tolerance_ms", `10`, func(c *config) bool { return c.policy.TieTolerance == 10*time.Millisecond }, `-1`},
+	{"policy.slo_ttft_ms", `1500`, func(c *config) bool { return c.policy.SLOTTFT == 1500*time.Millisecond }, `-1`},
+	{"policy.slo_tpot_ms", `50`, func(c *config) bool { return c.policy.SLOTPOT == 50*time.Millisecond }, `"50"`},
+	{"policy.default_output_tokens", `512`, func(c *config) bool { return c.policy.DefaultOutputTokens == 512 }, `0`},
+	{"policy.shed", `true`, func(c *config) bool { return c.shed }, `1`},
 }
 
 // withKey nests a dotted key's value into a configuration object, adding
@@ -184,16 +184,16 @@ func TestRouterAffinityKey(t *testing.T) {
 	body := func(user string) []byte {
 		return []byte(`{"model":"m","messages":[{"role":"system","content":"` + shared + `"},{"role":"user","content":"` + user + `"}]}`)
 	}
-	first := r.route(body("one"), nil, nil, false, false)
+	first := r.route(body("one"), nil, nil, routeOptions{})
 	if first.outcome != routed || first.reason != reasonRendezvous {
 		t.Fatalf("decision %+v", first)
 	}
 	for _, u := range []string{"two", "three", strings.Repeat("long ", 1000)} {
-		if d := r.route(body(u), nil, nil, false, false); d.endpoint != first.endpoint {
+		if d := r.route(body(u), nil, nil, routeOptions{}); d.endpoint != first.endpoint {
 			t.Errorf("prompts sharing %d bytes went to %s and %s", len(shared), first.endpoint, d.endpoint)
 		}
 	}
-	if d := r.route([]byte(`{"model":"m","messages":"hi"}`), nil, nil, false, false); d.outcome == routed {
+	if d := r.route([]byte(`{"model":"m","messages":"hi"}`), nil, nil, routeOptions{}); d.outcome == routed {
 		t.Error("messages as a string was routed")
 	}
 }

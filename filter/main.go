@@ -9,11 +9,13 @@ package main
 
 import (
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/kvroute/kvroute/filter/internal/inflight"
 	"github.com/kvroute/kvroute/filter/proxywasm"
 	"github.com/kvroute/kvroute/filter/proxywasm/types"
+	"github.com/kvroute/kvroute/shared/predict"
 	"github.com/kvroute/kvroute/shared/report"
 )
 
@@ -119,6 +121,12 @@ type httpContext struct {
 	endpoint       uint64
 	prefillPending int64
 	requestPending bool
+	// The request's own SLOs and whether it may be shed; when it was routed
+	// (for the outcome its first byte reports).
+	sloTTFT, sloTPOT time.Duration
+	sheddable        bool
+	routedAt         time.Time
+	outcomePending   bool
 }
 
 func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
@@ -133,11 +141,16 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 			post = string(v) == "POST"
 		case ":path":
 			path = string(v)
-		default:
-			for i, o := range ownedHeaders {
-				if string(k) == o {
-					owned[i] = true
-				}
+		case sloTTFTHeader:
+			h.sloTTFT = headerMillis(v)
+		case sloTPOTHeader:
+			h.sloTPOT = headerMillis(v)
+		case sheddableHeader:
+			h.sheddable = string(v) == "true" || string(v) == "1"
+		}
+		for i, o := range ownedHeaders {
+			if string(k) == o {
+				owned[i] = true
 			}
 		}
 	})
@@ -199,7 +212,20 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	if m := view.Manifest(); m != nil {
 		stale = time.Since(m.Created()) > p.cfg.maxStaleness
 	}
-	d := p.router.route(body, view, p.load.locals, stale && p.cfg.cachesync != nil, p.cfg.cachesync == nil)
+	d := p.router.route(body, view, p.load.locals, routeOptions{
+		stale: stale && p.cfg.cachesync != nil, modelAgnostic: p.cfg.cachesync == nil,
+		sloTTFT: h.sloTTFT, sloTPOT: h.sloTPOT,
+	})
+	if d.outcome == routed && !d.policy.MeetsSLO && h.sheddable && p.cfg.shed {
+		d.outcome = shed
+		h.finish(d)
+		if err := proxywasm.SendHttpResponse(429, [][2]string{{"retry-after", "1"}, {"content-type", "application/json"}},
+			[]byte(`{"error":{"message":"no endpoint can serve this request within its SLO","type":"overloaded","code":429}}`), -1); err != nil {
+			proxywasm.LogError("kvroute: shed a request: " + err.Error())
+			return types.ActionContinue
+		}
+		return types.ActionPause
+	}
 	if d.outcome == routed {
 		if err := proxywasm.ReplaceHttpRequestHeader(destinationHeader, d.endpoint); err != nil {
 			proxywasm.LogError("kvroute: set " + destinationHeader + ": " + err.Error())
@@ -220,8 +246,20 @@ func (h *httpContext) finish(d decision) {
 	h.plugin.m.decided(&d)
 }
 
+// headerMillis parses a millisecond count, 0 for anything but 1 to an hour.
+func headerMillis(v []byte) time.Duration {
+	n, err := strconv.Atoi(string(v))
+	if err != nil || n < 1 || n > 3_600_000 {
+		return 0
+	}
+	return time.Duration(n) * time.Millisecond
+}
+
 // account adds the request to this gateway's in-flight load on its endpoint.
 func (h *httpContext) account(d *decision) {
+	h.routedAt = time.Now()
+	// Outcomes feed cachesync's latency fit; local mode has none.
+	h.outcomePending = d.reason != reasonRendezvous && h.plugin.cfg.cachesync != nil && h.plugin.sync.reporting()
 	h.endpoint = endpointHash(d.endpoint)
 	h.prefillPending = int64(d.policy.UncachedTokens)
 	h.requestPending = true
@@ -246,13 +284,35 @@ func (h *httpContext) report(d *decision) {
 }
 
 // releasePrefill gives back the stream's uncached prompt tokens: once the
-// first response byte is out, its prefill is done.
+// first response byte is out, its prefill is done. It is also when the
+// request's time to first token is known, which goes to cachesync with the
+// terms the policy priced it by.
 func (h *httpContext) releasePrefill() {
+	if h.outcomePending {
+		h.outcomePending = false
+		h.reportOutcome(time.Since(h.routedAt))
+	}
 	if h.prefillPending == 0 {
 		return
 	}
 	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: -h.prefillPending})
 	h.prefillPending = 0
+}
+
+// reportOutcome queues what the request's first token took against what
+// the policy predicted.
+func (h *httpContext) reportOutcome(ttft time.Duration) {
+	p, t := h.plugin, &h.decision.policy.Chosen
+	o := report.Outcome{
+		Endpoint: h.decision.endpoint,
+		Features: predict.Features{Uncached: float64(t.UncachedTokens), Backlog: float64(t.Backlog),
+			Running: float64(t.Running), Waiting: float64(t.Waiting)},
+		Predicted: t.TTFT.Seconds(), Observed: ttft.Seconds(),
+	}
+	var err error
+	if p.record, err = report.AppendOutcome(p.record[:0], &o); err == nil {
+		p.sync.enqueueReport(p.record)
+	}
 }
 
 func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Action {

@@ -42,7 +42,7 @@ func BenchmarkRoute(b *testing.B) {
 		b.Run("route/"+name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				if d := r.route(body, view, locals, false, true); d.outcome != routed {
+				if d := r.route(body, view, locals, routeOptions{modelAgnostic: true}); d.outcome != routed {
 					b.Fatal(d.outcome)
 				}
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/policy"
@@ -17,12 +18,24 @@ const destinationHeader = "x-gateway-destination-endpoint"
 // decisionHeader explains the choice on the response when debug_header is on.
 const decisionHeader = "x-kvroute-decision"
 
+// A request's own SLOs, in milliseconds, and whether it may be shed (429)
+// when no endpoint is predicted to meet them. A trusted filter before this
+// one sets them; the filter removes them before the request goes upstream.
+const (
+	sloTTFTHeader   = "x-kvroute-slo-ttft-ms"
+	sloTPOTHeader   = "x-kvroute-slo-tpot-ms"
+	sheddableHeader = "x-kvroute-sheddable"
+)
+
 // ownedHeaders are removed from every request before anything else happens:
 // each of them can steer the upstream or fake a decision, and only the
 // filter may set them.
 var ownedHeaders = [...]string{
 	destinationHeader,
 	decisionHeader,
+	sloTTFTHeader,
+	sloTPOTHeader,
+	sheddableHeader,
 	// ORIGINAL_DST clusters read this one by default.
 	"x-envoy-original-dst-host",
 }
@@ -38,6 +51,7 @@ const (
 	fallbackTooLarge
 	fallbackNoEndpoints
 	fallbackHeldTooLong
+	shed
 	numOutcomes
 )
 
@@ -48,6 +62,7 @@ var outcomeNames = [numOutcomes]string{
 	fallbackTooLarge:    "body_too_large",
 	fallbackNoEndpoints: "no_endpoints",
 	fallbackHeldTooLong: "held_too_long",
+	shed:                "shed",
 }
 
 func (o outcome) String() string { return outcomeNames[o] }
@@ -66,6 +81,19 @@ type decision struct {
 	// text's length.
 	model        string
 	promptTokens int
+	// runner is the runner-up endpoint's address, "" if none.
+	runner string
+}
+
+// routeOptions are what the request's headers and the snapshot's age
+// bring to the decision.
+type routeOptions struct {
+	// stale: the snapshot's load figures are too old to trust.
+	stale bool
+	// modelAgnostic: the filter's own index does not know which endpoint
+	// serves which model (local mode).
+	modelAgnostic    bool
+	sloTTFT, sloTPOT time.Duration
 }
 
 // router turns a request body into an endpoint. One router serves a whole VM
@@ -93,9 +121,8 @@ type loads func(v *snapshot.View) []policy.Local
 
 // route picks the endpoint for a complete request body: by policy over the
 // snapshot when the view holds one, by rendezvous over the configured
-// endpoints otherwise. local reports the gateway's own load; stale says the
-// snapshot's load figures are too old to trust.
-func (r *router) route(body []byte, view *snapshot.View, local loads, stale, modelAgnostic bool) decision {
+// endpoints otherwise. local reports the gateway's own load.
+func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOptions) decision {
 	p, err := r.renderer.Render(r.text[:0], body, r.cfg.template)
 	if err != nil {
 		if errors.Is(err, prompt.ErrNoPrompt) {
@@ -117,19 +144,23 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, stale, mod
 			Model:        p.Model,
 			Hashes:       r.hashes,
 			PromptTokens: d.promptTokens,
+			OutputTokens: p.MaxTokens,
+			SLOTTFT:      o.sloTTFT,
+			SLOTPOT:      o.sloTPOT,
 			Local:        local(view),
-			Stale:        stale,
+			Stale:        o.stale,
 			Random:       r.next(),
 		}
-		if modelAgnostic {
-			// The filter's own index does not know which endpoint serves
-			// which model.
+		if o.modelAgnostic {
 			req.Model = ""
 		}
 		d.policy = r.picker.Pick(view, &req)
 		if d.policy.Endpoint >= 0 {
-			d.endpoint = view.Manifest().Endpoint(d.policy.Endpoint).Addr()
+			d.endpoint = m.Endpoint(d.policy.Endpoint).Addr()
 			d.reason = d.policy.Reason.String()
+			if ru := d.policy.RunnerUp.Endpoint; ru >= 0 {
+				d.runner = m.Endpoint(ru).Addr()
+			}
 			return d
 		}
 	}
@@ -183,12 +214,34 @@ func (d *decision) header() string {
 		b = strconv.AppendInt(b, int64(d.policy.Blocks), 10)
 		b = append(b, "; gpu_blocks="...)
 		b = strconv.AppendInt(b, int64(d.policy.GPUBlocks), 10)
-		b = append(b, "; ttft_ms="...)
-		b = strconv.AppendInt(b, d.policy.TTFT.Milliseconds(), 10)
+		b = appendTerms(b, "", &d.policy.Chosen)
 		b = append(b, "; eligible="...)
 		b = strconv.AppendInt(b, int64(d.policy.Eligible), 10)
+		if d.runner != "" {
+			b = append(b, "; runner_up="...)
+			b = append(b, d.runner...)
+			b = appendTerms(b, "runner_up_", &d.policy.RunnerUp)
+		}
 	}
 	b = append(b, "; uncached_tokens="...)
 	b = strconv.AppendInt(b, int64(d.policy.UncachedTokens), 10)
 	return string(b)
+}
+
+// appendTerms renders a candidate's priced terms.
+func appendTerms(b []byte, prefix string, t *policy.Terms) []byte {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"ttft_ms", t.TTFT.Milliseconds()}, {"itl_us", t.ITL.Microseconds()}, {"eviction_ms", t.Eviction.Milliseconds()},
+		{"price_ms", t.Price.Milliseconds()}, {"backlog_tokens", int64(t.Backlog)}, {"running", int64(t.Running)},
+	} {
+		b = append(b, "; "...)
+		b = append(b, prefix...)
+		b = append(b, f.name...)
+		b = append(b, '=')
+		b = strconv.AppendInt(b, f.v, 10)
+	}
+	return b
 }

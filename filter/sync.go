@@ -375,6 +375,9 @@ func (s *syncer) localTick(now time.Time) {
 			return
 		}
 		for e := range batch.Records() {
+			if e.IsOutcome() {
+				continue
+			}
 			slot, ok := li.slots[string(e.Endpoint())]
 			if !ok {
 				continue

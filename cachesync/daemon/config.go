@@ -79,7 +79,6 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.ScrapeMisses, "scrape-misses", scrape.DefaultMisses, "failed scrapes in a row before an engine is unhealthy")
 	fs.Float64Var(&c.Calibration.Default, "prefill-rate", calibrate.DefaultRate, "prefill tokens/s assumed until calibrated")
 	fs.Float64Var(&c.Calibration.Ceiling, "prefill-rate-max", 0, "highest calibrated prefill rate accepted (default 4x -prefill-rate)")
-	fs.DurationVar(&c.Calibration.TMax, "t-max", calibrate.DefaultTMax, "prefill backlog at which an engine saturates: threshold = rate x t-max")
 	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token: sizes approximate indexes, and the filters estimate prompt tokens by it (sent in the snapshot)")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")

@@ -55,6 +55,7 @@ type Daemon struct {
 	listeners map[string]*kvevents.Listener
 	// silence is eventSilence, shorter in tests.
 	silence time.Duration
+	models  *models
 }
 
 // eventSilence is how long an engine configured for KV events may serve
@@ -69,10 +70,12 @@ type engine struct {
 	started bool // its event bridges run
 	last    scrape.State
 	scraped bool
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	subs    []*kvevents.Subscriber
-	bridges []*bridge.Engine
+	// capacity is the engine's cache in the index's text blocks; 0 unknown.
+	capacity int
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	subs     []*kvevents.Subscriber
+	bridges  []*bridge.Engine
 	// When its events started and how many requests it had served then;
 	// silent is set once the engine has served requests for eventSilence
 	// without a batch, and logged.
@@ -92,6 +95,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		engines: map[string]*engine{}, listeners: map[string]*kvevents.Listener{}, silence: eventSilence,
 	}
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.models = newModels(d.reg)
 	if cfg.Tokenizer != "" {
 		v, err := vocab.Load(cfg.Tokenizer)
 		if err != nil {
@@ -106,7 +110,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if d.source, err = cfg.source(log); err != nil {
 		return nil, err
 	}
-	if d.ix, err = index.New(index.Config{Interval: cfg.SyncInterval, Snapshot: snapshot.BuilderConfig{BytesPerToken: cfg.BytesPerToken}, Registerer: d.reg, Logger: log}); err != nil {
+	if d.ix, err = index.New(index.Config{Interval: cfg.SyncInterval, Snapshot: snapshot.BuilderConfig{BytesPerToken: cfg.BytesPerToken},
+		OnOutcome: d.models.outcome, Registerer: d.reg, Logger: log}); err != nil {
 		return nil, err
 	}
 	if d.svc, err = service.New(service.Config{
@@ -231,6 +236,7 @@ func (d *Daemon) reconcile(ctx context.Context, scraper *scrape.Scraper, set []d
 			d.gone.add(e.stats())
 			delete(d.engines, addr)
 			d.ix.RemoveEndpoint(addr)
+			d.models.forget(addr)
 			d.log.Info("engine removed", "engine", addr)
 		}
 	}
@@ -240,6 +246,7 @@ func (d *Daemon) reconcile(ctx context.Context, scraper *scrape.Scraper, set []d
 func (d *Daemon) add(de discovery.Engine) {
 	e := &engine{d: de, precise: d.vocab != nil && len(de.Events) > 0}
 	d.engines[de.Addr] = e
+	d.models.add(de.Addr)
 	health := snapshot.HealthUnknown
 	if de.Draining {
 		health = snapshot.HealthDraining
@@ -268,14 +275,20 @@ func (d *Daemon) applyScrape(ctx context.Context, st scrape.State) {
 	if !ok {
 		return
 	}
+	// A scrape interval's mean inter-token latency, with the batch the
+	// engine ran: the decode half of its latency model.
+	if prev := e.last; e.scraped && st.ITLCount > prev.ITLCount && st.ITLSeconds >= prev.ITLSeconds {
+		mean := (st.ITLSeconds - prev.ITLSeconds) / (st.ITLCount - prev.ITLCount)
+		d.models.itl(st.Addr, float64(st.Running+prev.Running)/2, st.KVCacheUsage, mean)
+	}
 	e.last, e.scraped = st, true
-	d.update(e)
 	if st.KVCapacity > 0 {
-		blocks := approx.Sizing{BytesPerToken: d.cfg.BytesPerToken, BlockBytes: d.cfg.Hash.BlockSize}.Blocks(int64(st.KVCapacity))
-		if err := d.ix.SetCapacity(st.Addr, blocks); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
+		e.capacity = approx.Sizing{BytesPerToken: d.cfg.BytesPerToken, BlockBytes: d.cfg.Hash.BlockSize}.Blocks(int64(st.KVCapacity))
+		if err := d.ix.SetCapacity(st.Addr, e.capacity); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
 			d.log.Warn("set approximate capacity", "engine", st.Addr, "err", err)
 		}
 	}
+	d.update(e)
 	if e.precise && !e.started && len(st.Models) > 0 {
 		d.startEvents(ctx, e, st)
 	}
@@ -321,9 +334,12 @@ func (d *Daemon) listener(ctx context.Context, endpoint string) (*kvevents.Liste
 	return l, nil
 }
 
-// update publishes e's last scrape, with discovery's draining on top.
+// update publishes e's last scrape, with discovery's draining on top and
+// its cache capacity and latency model.
 func (d *Daemon) update(e *engine) {
 	info := e.last.EndpointInfo()
+	info.IndexCapacity = e.capacity
+	info.Model = d.models.model(e.d.Addr, max(info.PrefillRate, 1))
 	if e.d.Draining {
 		info.Health = snapshot.HealthDraining
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/discovery"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 	"github.com/kvroute/kvroute/shared/blockhash"
+	"github.com/kvroute/kvroute/shared/predict"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
@@ -403,4 +405,88 @@ func TestPreciseIndexFromConnectingPublishers(t *testing.T) {
 	if n := strings.Count(logs.String(), warning); n != 1 {
 		t.Errorf("warned %d times, want once", n)
 	}
+}
+
+// TestLatencyModelsFromOutcomes checks the latency fit end to end: the
+// gateways' outcome reports become the engine's TTFT model in the snapshot,
+// the engine's own inter-token histogram its ITL model, and the error of
+// the gateways' predictions a metric.
+func TestLatencyModelsFromOutcomes(t *testing.T) {
+	es, err := vllmsim.StartN(t.Context(), 1, vllmsim.Config{Model: model, NumGPUBlocks: 256, TimeScale: 0.01})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := es[0]
+	d := startDaemon(t, Config{Engines: e.Addr(), ReportToken: "tok"})
+	f := newFetcher(t, d.Addr())
+	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
+
+	// The truth: 20 ms, plus prefill at 8k tokens/s of this prompt and of
+	// the backlog, plus 5 ms per queued request. Every prediction is 10%
+	// high.
+	truth := func(f predict.Features) float64 { return 0.02 + (f.Uncached+f.Backlog)/8000 + 0.005*f.Waiting }
+	var w report.Writer
+	for i := range 2 * predict.MinSamples {
+		ft := predict.Features{Uncached: float64(100 + i*37%4000), Backlog: float64(i * 211 % 9000), Running: float64(i % 5), Waiting: float64(i % 3)}
+		rec, err := report.AppendOutcome(nil, &report.Outcome{Endpoint: e.Addr(), Features: ft, Observed: truth(ft), Predicted: 1.1 * truth(ft)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.AddEncoded(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req, _ := http.NewRequest("POST", "http://"+d.Addr()+"/v1/reports", bytes.NewReader(w.Bytes()))
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("report: %s", resp.Status)
+	}
+	// Decoding on the engine fills its inter-token histogram.
+	for i := range 4 {
+		body := `{"model":"` + model + `","max_tokens":32,"messages":[{"role":"user","content":"decode a while ` + strconv.Itoa(i) + `"}]}`
+		resp, err := http.Post(e.URL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+
+	probe := predict.Features{Uncached: 2000, Backlog: 4000, Waiting: 2}
+	var mdl predict.Model
+	eventually(t, "a fitted TTFT model in the snapshot", func() bool {
+		f.sync()
+		ep, ok := f.endpoint(e.Addr())
+		if ok {
+			mdl = ep.LatencyModel()
+		}
+		return ok && mdl.TTFTSamples >= 2*predict.MinSamples
+	})
+	if got, want := mdl.TTFT(probe, nil), truth(probe); math.Abs(got-want) > 0.05*want {
+		t.Errorf("fitted TTFT at %+v: %.3f s, want %.3f s", probe, got, want)
+	}
+	eventually(t, "ITL samples from the engine's histogram", func() bool {
+		f.sync()
+		ep, ok := f.endpoint(e.Addr())
+		return ok && ep.LatencyModel().ITLSamples > 0
+	})
+	metrics := get(t, "http://"+d.Addr()+"/metrics")
+	if !strings.Contains(metrics, "kvroute_cachesync_ttft_prediction_median_error_ratio 0.1") {
+		t.Errorf("median prediction error not 0.1:\n%s", grepLines(metrics, "ttft_prediction"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "")
 }

@@ -55,8 +55,8 @@ var Arms = []*Arm{
 	{Name: "envoy-least-request", About: "Envoy LEAST_REQUEST, the shipped envoy.yaml without the filter", start: envoyArm("least_request")},
 	{Name: "kvroute-precise", About: "kvroute with cachesync following the engines' KV events", start: kvrouteArm(true, nil)},
 	{Name: "kvroute-approx", About: "kvroute with cachesync indexing from routing reports only (no events)", start: kvrouteArm(false, nil)},
-	{Name: "kvroute-sticky", About: "kvroute precise with affinity never released (what \"until saturated\" buys)",
-		start: kvrouteArm(true, map[string]any{"max_ttft_penalty_ms": 3_600_000, "max_ttft_ms": 3_600_000})},
+	{Name: "kvroute-sticky", About: "kvroute precise with an hour's TTFT SLO, which every endpoint meets, so the best-cached one always wins (what \"until saturated\" buys)",
+		start: kvrouteArm(true, map[string]any{"slo_ttft_ms": 3_600_000})},
 	{Name: "sglang-router", About: "sglang-router 0.3.2 cache_aware", start: rivalArm("sglang-router", "launch", "--policy", "cache_aware")},
 	{Name: "smg", About: "smg 1.13.0 cache_aware", start: rivalArm("smg", "launch", "--policy", "cache_aware")},
 	{Name: "vllm-router", About: "vllm-router 0.1.17 cache_aware", start: rivalArm("vllm-router", "", "--policy", "cache_aware")},
@@ -138,9 +138,6 @@ func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tool
 		args := []string{"-engines", strings.Join(spec, ","), "-report-token", reportToken, "-scrape-interval", "250ms", "-log-level", "warn"}
 		if precise {
 			args = append(args, "-tokenizer", "cl100k_base")
-		}
-		if policy != nil {
-			args = append(args, "-t-max", "1h") // the calibrated threshold must not release either
 		}
 		addr, stopCachesync, err := startCachesync(ctx, t, args, dir)
 		if err != nil {

@@ -48,10 +48,15 @@ var bench = sync.OnceValue(func() *benchSnapshot {
 	}
 	rng := rand.New(rand.NewPCG(1, 1))
 	for s := range endpoints {
+		backlog := rng.IntN(100_000)
+		if s == 7 {
+			backlog = 2000 // the warm endpoint of shared-prefix can take the request
+		}
 		if _, err := b.SetEndpoint(snapshot.EndpointInfo{
 			Addr:   "10.0.0." + strconv.Itoa(s) + ":8000",
 			Models: []string{model}, Health: snapshot.HealthHealthy,
-			Running: rng.IntN(50), Waiting: rng.IntN(5), PrefillTokens: rng.IntN(100_000), PrefillRate: 15928,
+			Running: rng.IntN(50), Waiting: rng.IntN(5), PrefillTokens: backlog, PrefillRate: 15928,
+			IndexCapacity: 1 << 18,
 		}); err != nil {
 			panic(err)
 		}

@@ -1,104 +1,70 @@
 // Package policy chooses the endpoint for a request.
 //
-// Pick implements "sticky until saturated" over a snapshot: prefer the
-// endpoint holding the longest cached prefix of the prompt while its load
-// stays within bounds; past them, release affinity and balance by load.
+// Pick prices every eligible endpoint (healthy, serving the requested model
+// or adapter) by the latency the request is predicted to see there, plus
+// what it would cost the others, and takes the cheapest: a cached prefix is
+// preferred exactly as long as the time it saves outweighs the load it
+// meets. There is no affinity threshold to fall off and no saturation
+// switch to flap: "sticky until saturated" is where the prices cross.
 // Rendezvous is the fallback when there is no snapshot.
 //
-// # The rules
+// # The price
 //
-// An endpoint is eligible if its snapshot row is healthy and it serves the
-// requested model or adapter. For each, the prefix walk
-// (snapshot.View.Prefix) gives the leading blocks it holds in any tier (B)
-// and on the GPU (G). Its effective cached blocks are G + d*(B-G), d being
-// Config.CPUDiscount (a CPU-tier hit still costs a transfer), and its
-// cached tokens are that times the tokens of a block (Config.BlockBytes over
-// the snapshot's bytes per token), at most the prompt.
+// The prefix walk (snapshot.View.Prefix) gives the leading blocks an
+// endpoint holds in any tier (B) and on the GPU (G); its cached tokens are
+// (G + d·(B-G)) blocks' worth, d being Config.CPUDiscount (a CPU-tier hit
+// still costs a transfer), at most the prompt. Its latency model
+// (shared/predict: fitted by cachesync from what requests really took, or
+// the default built from the endpoint's calibrated prefill rate) predicts
 //
-// Load is token-aware. In ModePrefill an endpoint's estimated time to first
-// token is
+//	TTFT from the uncached tokens there, the uncached tokens ahead of the
+//	     request (this gateway's in flight, which the snapshot lags, plus
+//	     cachesync's estimate of the others'), the requests running and the
+//	     requests waiting;
+//	ITL  from the requests running, this one included, and the KV-cache usage.
 //
-//	TTFT = (in-flight uncached prefill tokens + this request's uncached tokens) / prefill rate
+// The price is TTFT + out·ITL in ModeAuto, out being the output tokens the
+// request asks for (Config.DefaultOutputTokens if it does not say): its
+// whole predicted latency, so the decode load counts as much as it will
+// take, and a pool's bottleneck, prefill or decode, weighs most on its own.
+// ModePrefill prices TTFT alone, ModeDecode out·ITL (TTFT breaking ties).
+// To that the eviction price is added, Config.EvictionWeight times the
+// prefill time of the cached blocks the request's new blocks would push out
+// of the endpoint's cache: its new blocks times how full the cache is (the
+// index's blocks over its capacity, both in the snapshot), and all of the
+// overflow once it would be full. So a prefix nobody holds goes where there
+// is load headroom and cache room, not to whoever ties first; a warm
+// endpoint keeps its prefix until queueing there costs more than a cold
+// prefill elsewhere; and a prefix hotter than one endpoint can serve
+// spreads to a second endpoint, which then holds it too and keeps it warm.
 //
-// where the in-flight tokens are the snapshot's figure plus this gateway's
-// own (Request.Local), and the rate is the endpoint's calibrated throughput
-// from the snapshot or Config.PrefillRate. In ModeDecode the load is active
-// requests (the snapshot's running plus waiting, plus Local.Requests, plus
-// this one) against the endpoint's cap: its SignalRequests threshold or
-// Config.DecodeCap.
+// With an SLO (Config.SLOTTFT, Config.SLOTPOT, or per request) the choice
+// is the best-cached endpoint predicted to meet it, the cheapest of those;
+// if none is, the cheapest (Decision.MeetsSLO false, for shedding).
+// Prices within Config.TieTolerance tie, and ties are broken at random so
+// that gateways sharing a snapshot spread simultaneous requests.
 //
-// An endpoint is warm if its cached tokens are at least
-// Config.AffinityThreshold of the prompt. The warm endpoints within one
-// block of the longest match are affine. An affine endpoint is saturated
-// if, in prefill mode, its TTFT exceeds the best cold (not warm) endpoint's
-// by more than Config.MaxTTFTPenalty, or exceeds Config.MaxTTFT, or its
-// in-flight tokens exceed its calibrated SignalPrefillTokens threshold; in
-// decode mode, if its active requests exceed its cap. Then:
+// # Reasons
 //
-//   - affinity: the affine, unsaturated endpoint with the least load;
-//   - saturated-release: every affine endpoint is saturated; the endpoint with
-//     the least load among the rest that are within the absolute limits
-//     (MaxTTFT and the calibrated threshold, or the decode cap);
-//   - least-load: no endpoint is warm; the same choice;
-//   - fallback: nothing is within the absolute limits; the least loaded
-//     eligible endpoint. With nothing eligible Endpoint is -1.
-//
-// "Least load" is least estimated TTFT in prefill mode, so a partly warm
-// endpoint still gains from its cache; it is the least active/cap fraction
-// in decode mode.
-//
-// # Hysteresis
-//
-// A Picker remembers, per endpoint slot, whether that endpoint was
-// saturated when last judged. A saturated endpoint counts as unsaturated
-// again only when it is below every limit scaled by 1 - Config.Hysteresis
-// (by default the penalty must fall from 18 s to 16.2 s, a decode cap of
-// 256 to 230.4). Without it, an endpoint at the edge flips between affinity
-// and release on every request, and each flip to it sends a burst of cache
-// hits that pushes it back over. The state follows the endpoint, not the
-// slot: it is reset when the slot's snapshot.Endpoint.Since changes.
-//
-// # Ties
-//
-// Among candidates whose load is within Config.TieTolerance (prefill) or
-// Config.TieRequests requests (decode) of the best, Pick chooses uniformly
-// at random using Request.Random. Many gateways see the same snapshot; if
-// each took the strict minimum they would all send the next burst to the
-// same endpoint. The caller supplies the randomness, so tests are
-// deterministic and the Wasm filter needs no crypto/rand.
-//
-// # Stale snapshots
-//
-// If the snapshot is older than the caller's max staleness, it sets
-// Request.Stale: the snapshot's load figures are ignored and only the
-// gateway's own counts are used; the prefix index and health still are,
-// since caches and health change more slowly than queues.
-//
-// # Local load
-//
-// Request.Local is a slice indexed like the snapshot's endpoint table.
-// Indexing costs nothing per endpoint on the request path, where a map by
-// address would hash every address on every request. Slots are stable: an
-// endpoint keeps its slot for as long as it is listed, and a slot that
-// changes hands gets a new snapshot.Endpoint.Since, so the filter remaps its
-// counters (which it keeps by address in shared data) only when Since moves.
+//   - affinity: the chosen endpoint holds (within a block) the most of the
+//     prompt of any;
+//   - saturated-release: a warmer endpoint was priced out by its load;
+//   - least-load: no endpoint holds any of it: placed by load and room;
+//   - fallback: nothing is eligible, Endpoint is -1.
 //
 // # Defaults
 //
-//   - AffinityThreshold 0.8: llm-d's prefix-cache-affinity-filter, chosen
-//     from the bimodal distribution of prefix hit ratios llm-d observed in
-//     production.
-//   - MaxTTFTPenalty 18 s and PrefillRate 15928 tok/s: llm-d's shipped
-//     maxTTFTPenaltyMs and peakPrefillThroughput (their product, 287k
-//     tokens, is the saturation threshold the sticky-until-saturated blog
-//     calibrated for Qwen3-32B on H100). Calibrate per model and
-//     accelerator and publish the rate in the snapshot.
-//   - MaxTTFT 60 s: a backstop for when every endpoint is loaded; the
-//     relative penalty decides in normal operation.
-//   - DecodeCap 256: vLLM's long-standing default max_num_seqs.
-//   - CPUDiscount 0.8: llm-d-kv-cache's weight for CPU-tier hits.
-//   - Hysteresis 0.1, TieTolerance 25 ms (about 400 tokens of prefill at
-//     the default rate), TieRequests 1.
+//   - Mode auto: the whole predicted latency, whichever stage dominates.
+//   - PrefillRate 15,928 tokens/s: llm-d's shipped figure, for endpoints
+//     cachesync has not calibrated.
+//   - CPUDiscount 0.8: a CPU-tier hit still pays a PCIe transfer, about a
+//     fifth of recomputing at H100 prefill rates.
+//   - EvictionWeight 1: an evicted block costs its prefill once, when it is
+//     next needed.
+//   - TieTolerance 5 ms: below what the model can tell apart, above float
+//     noise.
+//   - DefaultOutputTokens 256: a chat answer's length when max_tokens is
+//     unset.
 //   - BlockBytes 64, the filter's block size; cachesync's -bytes-per-token
 //     (default 4) reaches the policy in the snapshot.
 package policy

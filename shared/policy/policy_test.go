@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -21,10 +22,11 @@ const (
 type ep struct {
 	info        snapshot.EndpointInfo
 	blocks, gpu int
+	other       int // blocks of other prompts it holds
 }
 
 func healthy(load int) snapshot.EndpointInfo {
-	return snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, PrefillTokens: load}
+	return snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, PrefillTokens: load, PrefillRate: second}
 }
 
 func warm(load, blocks int) ep { return ep{info: healthy(load), blocks: blocks, gpu: blocks} }
@@ -55,6 +57,9 @@ func fixture(t testing.TB, eps []ep) (*snapshot.View, []uint64) {
 				tier = snapshot.TierGPU
 			}
 			b.Add(slot, hashes[j], tier)
+		}
+		for j := range e.other {
+			b.Add(slot, uint64(i)<<40|uint64(j), snapshot.TierGPU)
 		}
 	}
 	return view(t, b), hashes
@@ -97,8 +102,12 @@ func picker(t testing.TB, edit func(*Config)) *Picker {
 	return p
 }
 
-// The default rate turns 15928 tokens into one second of prefill.
-const second = 15928
+// second is the test endpoints' prefill rate: that many tokens take a
+// second.
+const second = 16000
+
+// A prompt of promptBlocks 64-byte blocks is 32,000 tokens at 4 bytes per
+// token (the default): two seconds of cold prefill at the test rate.
 
 func TestPick(t *testing.T) {
 	tests := []struct {
@@ -108,417 +117,272 @@ func TestPick(t *testing.T) {
 		req    Request
 		want   []int // any of these
 		reason Reason
-		blocks int
 	}{
 		{
-			name: "affinity to the warm endpoint",
-			eps:  []ep{cold(0), warm(5*second, 1900), cold(0)},
-			want: []int{1}, reason: ReasonAffinity, blocks: 1900,
-		},
-		{
-			name: "longest match wins among warm endpoints",
-			eps:  []ep{warm(0, 1700), warm(0, 1950), cold(0)},
-			want: []int{1}, reason: ReasonAffinity, blocks: 1950,
-		},
-		{
-			name: "below the affinity threshold balances by TTFT, counting the cache",
-			eps:  []ep{warm(second, 1000), cold(0), cold(second / 2)},
-			// 0: (1s + 16000 tok) = 2.0s; 1: 2.0s; 2: 2.5s. 0 and 1 tie.
-			want: []int{0, 1}, reason: ReasonLeastLoad,
-		},
-		{
-			name: "saturated warm endpoint is released to the least TTFT",
-			eps:  []ep{warm(25*second, 1900), cold(3 * second), cold(second)},
-			want: []int{2}, reason: ReasonSaturatedRelease,
-		},
-		{
-			name: "a penalty within bounds keeps affinity",
-			eps:  []ep{warm(17*second, 1900), cold(0)},
-			want: []int{0}, reason: ReasonAffinity,
-		},
-		{
-			name: "the absolute ceiling releases even without a cold endpoint",
-			eps:  []ep{warm(70*second, 1900), warm(2*second, 1800)},
-			want: []int{1}, reason: ReasonSaturatedRelease,
-		},
-		{
-			name: "the calibrated token threshold releases",
-			eps: []ep{
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, PrefillTokens: 100_000, Signal: snapshot.SignalPrefillTokens, Threshold: 50_000}, blocks: 1900, gpu: 1900},
-				cold(0),
-			},
-			want: []int{1}, reason: ReasonSaturatedRelease,
-		},
-		{
-			name: "cold start spreads over idle endpoints",
-			eps:  []ep{cold(0), cold(0), cold(0)},
-			want: []int{0, 1, 2}, reason: ReasonLeastLoad,
-		},
-		{
-			name: "cold start picks the least loaded",
-			eps:  []ep{cold(2 * second), cold(second), cold(3 * second)},
-			want: []int{1}, reason: ReasonLeastLoad,
-		},
-		{
-			name: "all saturated falls back to the least loaded",
-			eps:  []ep{warm(100*second, 1900), cold(80 * second), cold(90 * second)},
-			want: []int{1}, reason: ReasonFallback,
-		},
-		{
-			name: "the endpoint's calibrated rate counts",
-			eps: []ep{
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, PrefillTokens: 4 * second, PrefillRate: 4 * second}},
-				cold(2 * second),
-			},
-			// 0: (4s + 2s of tokens at 4x the rate) = 1.5s; 1: 4s.
-			want: []int{0}, reason: ReasonLeastLoad,
-		},
-		{
-			name: "model filtering",
-			eps: []ep{
-				{info: snapshot.EndpointInfo{Models: []string{"llama"}, Health: snapshot.HealthHealthy}, blocks: 2000, gpu: 2000},
-				cold(10 * second),
-				{info: snapshot.EndpointInfo{Models: []string{"llama"}, Adapters: []string{model}, Health: snapshot.HealthHealthy, PrefillTokens: 20 * second}},
-			},
-			want: []int{1}, reason: ReasonLeastLoad,
-		},
-		{
-			name: "an adapter is a model",
-			eps: []ep{
-				{info: snapshot.EndpointInfo{Models: []string{"llama"}, Adapters: []string{"sql"}, Health: snapshot.HealthHealthy}},
-				{info: snapshot.EndpointInfo{Models: []string{"llama"}, Health: snapshot.HealthHealthy}},
-			},
-			req:  Request{Model: "sql"},
-			want: []int{0}, reason: ReasonLeastLoad,
-		},
-		{
-			name: "unhealthy and draining endpoints are skipped",
-			eps: []ep{
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthUnhealthy}, blocks: 2000, gpu: 2000},
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthDraining}, blocks: 2000, gpu: 2000},
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthUnknown}},
-				cold(50 * second),
-			},
-			want: []int{3}, reason: ReasonLeastLoad,
-		},
-		{
-			name: "CPU-tier hits count at a discount",
-			// 1900 blocks on the CPU count as 1520: 76% of the prompt, not warm.
-			eps:  []ep{{info: healthy(0), blocks: 1900, gpu: 0}, cold(0)},
-			want: []int{0}, reason: ReasonLeastLoad, blocks: 1900,
-		},
-		{
-			name: "GPU beats an equal CPU run",
-			eps:  []ep{{info: healthy(0), blocks: 2000, gpu: 1000}, warm(0, 2000)},
+			name: "the warm endpoint", eps: []ep{cold(0), warm(0, promptBlocks), cold(0)},
 			want: []int{1}, reason: ReasonAffinity,
 		},
 		{
-			name: "no CPU discount makes offloaded blocks warm",
-			cfg:  func(c *Config) { c.CPUDiscount = 1 },
-			eps:  []ep{{info: healthy(0), blocks: 1900, gpu: 0}, cold(0)},
+			name: "warm despite some backlog: queueing 1 s there beats 2 s of cold prefill",
+			eps:  []ep{cold(0), warm(second, promptBlocks), cold(0)},
+			want: []int{1}, reason: ReasonAffinity,
+		},
+		{
+			name: "released when its backlog costs more than a cold prefill",
+			eps:  []ep{cold(0), warm(3*second, promptBlocks), cold(second / 2)},
+			want: []int{0}, reason: ReasonSaturatedRelease,
+		},
+		{
+			name: "no cliff: a third of the prompt cached still pulls",
+			eps:  []ep{cold(0), warm(0, promptBlocks/3), cold(0)},
+			want: []int{1}, reason: ReasonAffinity,
+		},
+		{
+			name: "a third cached is not worth a second of queue",
+			eps:  []ep{cold(0), warm(second, promptBlocks/3), cold(0)},
+			want: []int{0, 2}, reason: ReasonSaturatedRelease,
+		},
+		{
+			name: "nothing cached: the least backlog", eps: []ep{cold(900), cold(100), cold(500)},
+			want: []int{1}, reason: ReasonLeastLoad,
+		},
+		{
+			name: "the longer match wins over a shorter one",
+			eps:  []ep{warm(0, 500), warm(0, 1900), warm(0, 1000)},
+			want: []int{1}, reason: ReasonAffinity,
+		},
+		{
+			name: "CPU-tier blocks count, discounted",
+			eps:  []ep{{info: healthy(0), blocks: promptBlocks, gpu: 0}, warm(0, promptBlocks/2)},
 			want: []int{0}, reason: ReasonAffinity,
 		},
 		{
-			name: "local in-flight tokens count",
-			eps:  []ep{warm(0, 1900), cold(0)},
-			req:  Request{Local: []Local{{PrefillTokens: 30 * second}}},
+			name: "decode load: the same cache, fewer running requests",
+			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks, gpu: promptBlocks}, {info: withRunning(healthy(0), 2), blocks: promptBlocks, gpu: promptBlocks}},
+			want: []int{1}, reason: ReasonAffinity,
+		},
+		{
+			name: "prefill mode ignores decode load",
+			cfg:  func(c *Config) { c.Mode = ModePrefill },
+			eps:  []ep{{info: withRunning(healthy(0), 200), blocks: promptBlocks, gpu: promptBlocks}, cold(0)},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			name: "auto mode: a long output on a crowded batch outweighs the cache",
+			eps:  []ep{{info: withRunning(healthy(0), 300), blocks: promptBlocks, gpu: promptBlocks}, cold(0)},
+			req:  Request{OutputTokens: 4000},
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
-			name: "a stale snapshot's load is ignored",
-			eps:  []ep{warm(30*second, 1900), cold(0)},
+			name: "placement by cache room when nothing else differs",
+			eps:  []ep{{info: withCapacity(healthy(0), 10000), other: 9000}, {info: withCapacity(healthy(0), 10000), other: 1000}, {info: withCapacity(healthy(0), 10000), other: 5000}},
+			want: []int{1}, reason: ReasonLeastLoad,
+		},
+		{
+			name: "this gateway's own in-flight load counts",
+			eps:  []ep{cold(0), cold(0)},
+			req:  Request{Local: []Local{{PrefillTokens: 2 * second, Requests: 3}}},
+			want: []int{1}, reason: ReasonLeastLoad,
+		},
+		{
+			name: "a stale snapshot's load is ignored, its cache is not",
+			eps:  []ep{warm(50*second, promptBlocks), cold(0)},
 			req:  Request{Stale: true},
 			want: []int{0}, reason: ReasonAffinity,
 		},
 		{
-			name: "a stale snapshot still counts local load",
-			eps:  []ep{cold(0), cold(10 * second)},
-			req:  Request{Stale: true, Local: []Local{{PrefillTokens: 5 * second}}},
-			want: []int{1}, reason: ReasonLeastLoad,
+			name: "SLO: the best cached that meets it",
+			cfg:  func(c *Config) { c.SLOTTFT = 3 * time.Second },
+			eps:  []ep{cold(0), warm(2*second, promptBlocks), warm(0, promptBlocks/2)},
+			want: []int{1}, reason: ReasonAffinity,
 		},
 		{
-			name: "decode mode: warm endpoint under its cap",
-			cfg:  func(c *Config) { c.Mode = ModeDecode },
-			eps: []ep{
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 100, Waiting: 50}, blocks: 1900, gpu: 1900},
-				cold(0),
-			},
-			want: []int{0}, reason: ReasonAffinity,
+			name: "SLO: none meets it, the cheapest",
+			cfg:  func(c *Config) { c.SLOTTFT = 100 * time.Millisecond },
+			eps:  []ep{cold(0), warm(3*second, promptBlocks)},
+			want: []int{0}, reason: ReasonSaturatedRelease,
 		},
 		{
-			name: "decode mode: the snapshot's cap releases",
-			cfg:  func(c *Config) { c.Mode = ModeDecode },
-			eps: []ep{
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 60, Waiting: 4, Signal: snapshot.SignalRequests, Threshold: 64}, blocks: 1900, gpu: 1900},
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 30}},
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 20}},
-			},
-			want: []int{2}, reason: ReasonSaturatedRelease,
+			name: "a request's own SLO overrides",
+			eps:  []ep{cold(0), warm(2*second, promptBlocks)},
+			req:  Request{SLOTTFT: 10 * time.Second},
+			want: []int{1}, reason: ReasonAffinity,
 		},
 		{
-			name: "decode mode: least active fraction, prefill tokens ignored",
-			cfg:  func(c *Config) { c.Mode = ModeDecode },
+			name: "unhealthy and other models are not eligible",
 			eps: []ep{
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 10, PrefillTokens: 90 * second}},
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 40}},
+				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthUnhealthy}, blocks: promptBlocks, gpu: promptBlocks},
+				{info: snapshot.EndpointInfo{Models: []string{"other"}, Health: snapshot.HealthHealthy}, blocks: promptBlocks, gpu: promptBlocks},
+				cold(5 * second),
 			},
-			want: []int{0}, reason: ReasonLeastLoad,
-		},
-		{
-			name: "decode mode: all at their caps falls back",
-			cfg:  func(c *Config) { c.Mode = ModeDecode; c.DecodeCap = 8 },
-			eps: []ep{
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 10}, blocks: 2000, gpu: 2000},
-				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 8}},
-			},
-			want: []int{1}, reason: ReasonFallback,
+			want: []int{2}, reason: ReasonLeastLoad,
 		},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			v, hashes := fixture(t, tc.eps)
-			p := picker(t, tc.cfg)
-			r := tc.req
-			if r.Model == "" {
-				r.Model = model
-			}
-			r.Hashes = hashes
-			seen := map[int]bool{}
-			for i := range 64 {
-				r.Random = uint64(i) * 0x9e3779b97f4a7c15
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, hashes := fixture(t, tt.eps)
+			p := picker(t, tt.cfg)
+			r := tt.req
+			r.Model, r.Hashes = model, hashes
+			for seed := range uint64(8) {
+				r.Random = seed * 0x9e3779b97f4a7c15
 				d := p.Pick(v, &r)
-				ok := false
-				for _, w := range tc.want {
-					ok = ok || d.Endpoint == w
+				if !slices.Contains(tt.want, d.Endpoint) || d.Reason != tt.reason {
+					t.Fatalf("chose %d (%v), want one of %v (%v); chosen %+v, runner-up %+v",
+						d.Endpoint, d.Reason, tt.want, tt.reason, d.Chosen, d.RunnerUp)
 				}
-				if !ok || d.Reason != tc.reason {
-					t.Fatalf("Pick = endpoint %d (%v), want %v (%v); %+v", d.Endpoint, d.Reason, tc.want, tc.reason, d)
-				}
-				if tc.blocks > 0 && d.Blocks != tc.blocks {
-					t.Errorf("Blocks = %d, want %d", d.Blocks, tc.blocks)
-				}
-				seen[d.Endpoint] = true
-			}
-			if len(seen) != len(tc.want) {
-				t.Errorf("chose %v over 64 draws, want each of %v", seen, tc.want)
 			}
 		})
 	}
+}
+
+func withRunning(e snapshot.EndpointInfo, n int) snapshot.EndpointInfo {
+	e.Running = n
+	return e
+}
+
+func withCapacity(e snapshot.EndpointInfo, capacity int) snapshot.EndpointInfo {
+	e.IndexCapacity = capacity
+	return e
 }
 
 func TestPickNone(t *testing.T) {
 	p := picker(t, nil)
-	if d := p.Pick(snapshot.NewView(snapshot.NewKeys("x/")), &Request{}); d.Endpoint != -1 || d.Reason != ReasonFallback {
-		t.Errorf("empty view: %+v", d)
+	if d := p.Pick(nil, &Request{}); d.Endpoint != -1 {
+		t.Errorf("no snapshot: %+v", d)
 	}
-	v, hashes := fixture(t, []ep{warm(0, 100)})
-	if d := p.Pick(v, &Request{Model: "gpt-4", Hashes: hashes}); d.Endpoint != -1 {
+	v, hashes := fixture(t, []ep{{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthDraining}}})
+	if d := p.Pick(v, &Request{Model: model, Hashes: hashes}); d.Endpoint != -1 || d.Reason != ReasonFallback || d.Eligible != 0 {
+		t.Errorf("nothing eligible: %+v", d)
+	}
+	if d := p.Pick(v, &Request{Model: "unknown", Hashes: hashes}); d.Endpoint != -1 {
 		t.Errorf("unknown model: %+v", d)
 	}
-	v, _ = fixture(t, []ep{{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthUnhealthy}}})
-	if d := p.Pick(v, &Request{Model: model}); d.Endpoint != -1 || d.Eligible != 0 {
-		t.Errorf("nothing healthy: %+v", d)
+}
+
+// TestDecisionExplains: the decision carries the chosen endpoint's and the
+// runner-up's terms, which add up to their prices.
+func TestDecisionExplains(t *testing.T) {
+	v, hashes := fixture(t, []ep{warm(second/2, promptBlocks), cold(0)})
+	d := picker(t, nil).Pick(v, &Request{Model: model, Hashes: hashes, OutputTokens: 100, Local: []Local{{Requests: 3}}})
+	c, r := d.Chosen, d.RunnerUp
+	if d.Endpoint != 0 || c.Endpoint != 0 || r.Endpoint != 1 {
+		t.Fatalf("decision %+v", d)
 	}
-	// No hashes: an empty prompt is nobody's cache hit.
-	v, _ = fixture(t, []ep{cold(second), cold(0)})
-	if d := p.Pick(v, &Request{Model: model}); d.Endpoint != 1 || d.Reason != ReasonLeastLoad {
-		t.Errorf("empty prompt: %+v", d)
+	if c.CachedTokens != promptTokens || c.UncachedTokens != 0 || c.Backlog != second/2 || c.Running != 3 || r.UncachedTokens != promptTokens {
+		t.Errorf("terms: chosen %+v, runner-up %+v", c, r)
+	}
+	for _, x := range []Terms{c, r} {
+		if got := x.TTFT + 100*x.ITL + x.Eviction; absDur(got-x.Price) > time.Millisecond {
+			t.Errorf("terms %+v do not add up to the price", x)
+		}
+	}
+	if !(c.Price < r.Price) {
+		t.Errorf("the chosen price %v is not below the runner-up's %v", c.Price, r.Price)
 	}
 }
 
-// TestDecisionRecord checks the figures reported for the debug header.
-func TestDecisionRecord(t *testing.T) {
-	v, hashes := fixture(t, []ep{cold(0), {info: healthy(second), blocks: 1900, gpu: 1700}})
-	d := picker(t, nil).Pick(v, &Request{Model: model, Hashes: hashes, PromptTokens: promptTokens + 10})
-	// Effective blocks 1700 + 0.8*200 = 1860; uncached 32010 - 29760 = 2250.
-	want := Decision{Endpoint: 1, Reason: ReasonAffinity, Blocks: 1900, GPUBlocks: 1700, UncachedTokens: 2250, Eligible: 2, Lookups: d.Lookups}
-	ttft := float64(second+2250) / second
-	want.TTFT = time.Duration(ttft * float64(time.Second))
-	if d != want {
-		t.Errorf("Pick = %+v\nwant   %+v", d, want)
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
 	}
-	if d.Lookups < 3 || d.Lookups > 40 {
-		t.Errorf("%d lookups for two distinct runs", d.Lookups)
-	}
+	return d
 }
 
-// TestReleaseAndReturn drives the warm endpoint's own in-flight tokens up
-// and down: it is released past the penalty, kept released inside the
-// hysteresis band, and taken back once it drains below it.
-func TestReleaseAndReturn(t *testing.T) {
-	v, hashes := fixture(t, []ep{warm(0, 1900), cold(0), cold(0)})
+// TestHotPrefixSpreads: a prefix hotter than one endpoint can serve keeps
+// its endpoint until the queue there outprices a cold prefill, spills to a
+// second, which then holds it too, and stays on those two: each request
+// leaves a tenth of the prompt to prefill, ten are in flight at a time, and
+// one endpoint with all ten queues as long as a cold prefill takes.
+func TestHotPrefixSpreads(t *testing.T) {
 	p := picker(t, nil)
-	// Warm TTFT = (L + 1600) / rate; cold = 2.01 s. Release above
-	// L = 20.01 s of tokens - 1600; return at 16.2 + 2.01 s - 1600.
-	const release = 20.01*second - 1600
-	const back = 18.21*second - 1600
-	steps := []struct {
-		load   float64
-		want   Reason
-		onWarm bool
-	}{
-		{0, ReasonAffinity, true},
-		{release - 1000, ReasonAffinity, true},
-		{release + 1000, ReasonSaturatedRelease, false},
-		{release - 1000, ReasonSaturatedRelease, false}, // inside the band: stays released
-		{back + 1000, ReasonSaturatedRelease, false},
-		{back - 1000, ReasonAffinity, true}, // drained: affinity returns
-		{release - 1000, ReasonAffinity, true},
-		{release + 1000, ReasonSaturatedRelease, false},
-	}
-	for i, s := range steps {
-		d := p.Pick(v, &Request{Model: model, Hashes: hashes, Local: []Local{{PrefillTokens: int64(s.load)}}, Random: uint64(i)})
-		if d.Reason != s.want || (d.Endpoint == 0) != s.onWarm {
-			t.Fatalf("step %d (load %.0f): endpoint %d %v, want %v", i, s.load, d.Endpoint, d.Reason, s.want)
+	holds := []bool{true, false, false}
+	var inFlight []int
+	counts := make([]int, 3)
+	for i := range 200 {
+		eps := make([]ep, 3)
+		for e := range eps {
+			eps[e] = cold(0)
+			if holds[e] {
+				eps[e] = warm(0, promptBlocks)
+			}
 		}
+		v, hashes := fixture(t, eps)
+		local := make([]Local, 3)
+		for _, e := range inFlight {
+			local[e].PrefillTokens += promptTokens / 10
+			local[e].Requests++
+		}
+		d := p.Pick(v, &Request{Model: model, Hashes: hashes, PromptTokens: promptTokens, Local: local, Random: uint64(i) * 0x9e3779b97f4a7c15})
+		holds[d.Endpoint] = true
+		counts[d.Endpoint]++
+		if inFlight = append(inFlight, d.Endpoint); len(inFlight) > 10 {
+			inFlight = inFlight[1:]
+		}
+	}
+	warmCopies := 0
+	for _, h := range holds {
+		if h {
+			warmCopies++
+		}
+	}
+	if warmCopies != 2 || counts[0] < 80 {
+		t.Errorf("requests per endpoint %v, %d warm copies: want the prefix on two endpoints sharing it", counts, warmCopies)
 	}
 }
 
-// TestHysteresis checks that the state belongs to the endpoint: a new
-// endpoint in the slot starts unsaturated, and a Picker without hysteresis
-// flips at the limit.
-func TestHysteresis(t *testing.T) {
-	const release = 20.01*second - 1600
-	run := func(p *Picker, v *snapshot.View, hashes []uint64, loads ...float64) []Reason {
-		var out []Reason
-		for _, l := range loads {
-			out = append(out, p.Pick(v, &Request{Model: model, Hashes: hashes, Local: []Local{{PrefillTokens: int64(l)}}}).Reason)
-		}
-		return out
-	}
-	v, hashes := fixture(t, []ep{warm(0, 1900), cold(0)})
-	edge := []float64{release + 100, release - 100, release + 100, release - 100}
-	none := picker(t, func(c *Config) { c.Hysteresis = 0 })
-	got := run(none, v, hashes, edge...)
-	want := []Reason{ReasonSaturatedRelease, ReasonAffinity, ReasonSaturatedRelease, ReasonAffinity}
-	if !equal(got, want) {
-		t.Errorf("without hysteresis: %v, want %v", got, want)
-	}
-	p := picker(t, nil)
-	got = run(p, v, hashes, edge...)
-	want = []Reason{ReasonSaturatedRelease, ReasonSaturatedRelease, ReasonSaturatedRelease, ReasonSaturatedRelease}
-	if !equal(got, want) {
-		t.Errorf("with hysteresis: %v, want %v", got, want)
-	}
-
-	// Slot 0 changes hands: the new endpoint is judged afresh.
-	b, _ := snapshot.NewBuilder(snapshot.BuilderConfig{ShardBits: 2})
-	b.SetEndpoint(snapshot.EndpointInfo{Addr: "10.0.0.0:8000", Models: []string{model}, Health: snapshot.HealthHealthy})
-	b.SetEndpoint(snapshot.EndpointInfo{Addr: "10.0.0.1:8000", Models: []string{model}, Health: snapshot.HealthHealthy})
-	b.Build(time.Unix(0, 0))
-	b.RemoveEndpoint("10.0.0.0:8000")
-	if slot, _ := b.SetEndpoint(snapshot.EndpointInfo{Addr: "10.0.0.9:8000", Models: []string{model}, Health: snapshot.HealthHealthy}); slot != 0 {
-		t.Fatalf("new endpoint in slot %d", slot)
-	}
-	for _, h := range hashes[:1900] {
-		b.Add(0, h, snapshot.TierGPU)
-	}
-	v2 := view(t, b)
-	if got := run(p, v2, hashes, release-100); got[0] != ReasonAffinity {
-		t.Errorf("new endpoint in a released slot: %v", got[0])
-	}
-}
-
-func equal(a, b []Reason) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// TestTies checks that near-ties are broken evenly by the caller's random
-// value, and that a difference beyond the tolerance is not a tie.
+// TestTies: equal prices are spread at random, different ones never.
 func TestTies(t *testing.T) {
-	tests := []struct {
-		name string
-		cfg  func(*Config)
-		eps  []ep
-		even []int // chosen evenly
-	}{
-		{"equal idle endpoints", nil, []ep{cold(0), cold(0), cold(0), cold(0)}, []int{0, 1, 2, 3}},
-		{"within the tolerance", nil, []ep{cold(0), cold(second / 100), cold(second / 10)}, []int{0, 1}},
-		{"no tolerance", func(c *Config) { c.TieTolerance = 0 }, []ep{cold(0), cold(1), cold(0)}, []int{0, 2}},
-		{"equally warm replicas", nil, []ep{warm(0, 1900), warm(0, 1900), cold(0)}, []int{0, 1}},
-		{"decode: a request apart", func(c *Config) { c.Mode = ModeDecode; c.DecodeCap = 100 }, []ep{
-			{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 5}},
-			{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 6}},
-			{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, Running: 8}},
-		}, []int{0, 1}},
+	v, hashes := fixture(t, []ep{cold(0), cold(0), cold(0), cold(second)})
+	p := picker(t, nil)
+	seen := map[int]int{}
+	for i := range 300 {
+		d := p.Pick(v, &Request{Model: model, Hashes: hashes, Random: uint64(i) * 0x9e3779b97f4a7c15})
+		seen[d.Endpoint]++
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			v, hashes := fixture(t, tc.eps)
-			p := picker(t, tc.cfg)
-			const draws = 4000
-			count := map[int]int{}
-			rng := rand.New(rand.NewPCG(1, 2))
-			for range draws {
-				count[p.Pick(v, &Request{Model: model, Hashes: hashes, Random: rng.Uint64()}).Endpoint]++
-			}
-			for _, e := range tc.even {
-				if n := count[e]; n < draws/len(tc.even)*8/10 || n > draws/len(tc.even)*12/10 {
-					t.Errorf("endpoint %d chosen %d of %d times: %v", e, n, draws, count)
-				}
-			}
-			if len(count) != len(tc.even) {
-				t.Errorf("chosen: %v, want only %v", count, tc.even)
-			}
-			r := Request{Model: model, Hashes: hashes, Random: 42}
-			if a, b := p.Pick(v, &r), p.Pick(v, &r); a != b {
-				t.Errorf("same random, different decisions: %+v %+v", a, b)
-			}
-		})
+	if len(seen) != 3 || seen[3] != 0 {
+		t.Errorf("choices %v: want the three idle endpoints, never the loaded one", seen)
+	}
+	for e, n := range seen {
+		if n < 60 {
+			t.Errorf("endpoint %d chosen %d of 300 times", e, n)
+		}
 	}
 }
 
 func TestConfig(t *testing.T) {
-	bad := []func(*Config){
+	for _, edit := range []func(*Config){
 		func(c *Config) { c.Mode = 9 },
-		func(c *Config) { c.AffinityThreshold = 1.1 },
-		func(c *Config) { c.MaxTTFT = 0 },
-		func(c *Config) { c.MaxTTFTPenalty = -1 },
 		func(c *Config) { c.PrefillRate = 0 },
-		func(c *Config) { c.DecodeCap = 0 },
-		func(c *Config) { c.CPUDiscount = -0.1 },
-		func(c *Config) { c.Hysteresis = 1 },
-		func(c *Config) { c.TieRequests = -1 },
+		func(c *Config) { c.CPUDiscount = 1.5 },
+		func(c *Config) { c.EvictionWeight = -1 },
+		func(c *Config) { c.TieTolerance = -1 },
+		func(c *Config) { c.SLOTTFT = -1 },
+		func(c *Config) { c.DefaultOutputTokens = 0 },
 		func(c *Config) { c.BlockBytes = 0 },
-	}
-	for i, edit := range bad {
+	} {
 		cfg := DefaultConfig()
 		edit(&cfg)
 		if _, err := New(cfg); err == nil {
-			t.Errorf("bad config %d accepted", i)
+			t.Errorf("accepted %+v", cfg)
 		}
 	}
-	for _, s := range []string{"prefill", "decode"} {
+	for _, s := range []string{"auto", "prefill", "decode"} {
 		if m, err := ParseMode(s); err != nil || m.String() != s {
 			t.Errorf("ParseMode(%q) = %v, %v", s, m, err)
 		}
 	}
-	if _, err := ParseMode("both"); err == nil {
-		t.Error(`ParseMode("both") accepted`)
-	}
-	for r, s := range map[Reason]string{ReasonAffinity: "affinity", ReasonSaturatedRelease: "saturated-release", ReasonLeastLoad: "least-load", ReasonFallback: "fallback"} {
-		if r.String() != s {
-			t.Errorf("%d.String() = %q, want %q", r, r.String(), s)
-		}
+	if _, err := ParseMode("fast"); err == nil {
+		t.Error("ParseMode accepted fast")
 	}
 }
 
-// TestPickNoAllocs holds a decision to zero allocations once the Picker's
-// scratch space has grown.
 func TestPickNoAllocs(t *testing.T) {
-	v, hashes := fixture(t, []ep{warm(0, 1900), cold(0), warm(second, 1500), cold(2 * second)})
-	p := picker(t, nil)
-	r := Request{Model: model, Hashes: hashes, Local: make([]Local, 4)}
+	v, hashes := fixture(t, []ep{warm(0, promptBlocks), cold(0), warm(second, 100)})
+	p := picker(t, func(c *Config) { c.SLOTTFT = time.Second })
+	r := Request{Model: model, Hashes: hashes, Local: make([]Local, 3)}
 	p.Pick(v, &r)
-	if n := testing.AllocsPerRun(100, func() { r.Random++; p.Pick(v, &r) }); n != 0 {
-		t.Errorf("Pick: %v allocations", n)
+	if n := testing.AllocsPerRun(100, func() { p.Pick(v, &r) }); n != 0 {
+		t.Errorf("Pick allocates %v times", n)
 	}
 }

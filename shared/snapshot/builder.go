@@ -32,16 +32,6 @@ const (
 	HealthUnhealthy Health = 3
 )
 
-// Signal names the load figure an endpoint's saturation threshold applies to.
-type Signal uint8
-
-// The saturation signals.
-const (
-	SignalNone          Signal = 0 // no calibrated threshold: the policy's defaults apply
-	SignalPrefillTokens Signal = 1 // uncached prompt tokens in flight (prefill-bound work)
-	SignalRequests      Signal = 2 // active requests (decode-bound work)
-)
-
 // EndpointInfo is what cachesync knows about one endpoint.
 type EndpointInfo struct {
 	Addr     string   // ip:port, the value of x-gateway-destination-endpoint
@@ -57,9 +47,6 @@ type EndpointInfo struct {
 	// PrefillRate is the endpoint's calibrated prefill throughput in tokens
 	// per second for its model and accelerator; 0 means unknown.
 	PrefillRate float64
-	// Threshold is the calibrated saturation threshold, in units of Signal.
-	Threshold int
-	Signal    Signal
 	// IndexCapacity is how many text blocks the endpoint's cache holds, as
 	// the index sizes it (its KV capacity in text blocks); 0 unknown. The
 	// blocks the index holds for the endpoint are counted by the Builder.
@@ -83,13 +70,13 @@ func (e *EndpointInfo) validate() error {
 			}
 		}
 	}
-	if e.Health > HealthUnhealthy || e.Signal > SignalRequests {
-		return errors.New("snapshot: endpoint " + e.Addr + ": unknown health or signal")
+	if e.Health > HealthUnhealthy {
+		return errors.New("snapshot: endpoint " + e.Addr + ": unknown health")
 	}
 	if !e.Model.Valid() {
 		return errors.New("snapshot: endpoint " + e.Addr + ": latency model has a negative or non-finite coefficient")
 	}
-	for _, n := range []int{e.Running, e.Waiting, e.PrefillTokens, e.Threshold, e.IndexCapacity} {
+	for _, n := range []int{e.Running, e.Waiting, e.PrefillTokens, e.IndexCapacity} {
 		if n < 0 || int64(n) > math.MaxUint32 {
 			return errors.New("snapshot: endpoint " + e.Addr + ": count out of range")
 		}

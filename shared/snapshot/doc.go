@@ -89,12 +89,11 @@
 //	14   2     name count
 //	16   4     index of its first name id
 //	20   1     health: 0 unknown, 1 healthy, 2 draining, 3 unhealthy
-//	21   1     saturation signal: 0 none, 1 prefill tokens, 2 requests
-//	22   2     reserved, 0
+//	21   3     reserved, 0
 //	24   4     running requests
 //	28   4     waiting requests
 //	32   4     in-flight prefill tokens
-//	36   4     saturation threshold, in units of the signal
+//	36   4     reserved, 0
 //	40   4     KV-cache usage, float32 in [0, 1]
 //	44   4     prefill throughput, tokens/s, float32; 0 unknown
 //	48   4     text blocks the index holds for the endpoint, in any tier

@@ -77,8 +77,7 @@ func readManifest(m *Manifest) {
 				panic("endpoint does not serve a model it lists")
 			}
 		}
-		_, _ = e.Saturation()
-		_ = e.Running() + e.Waiting() + e.PrefillTokens()
+		_ = e.Running() + e.Waiting() + e.PrefillTokens() + e.IndexBlocks() + e.IndexCapacity()
 		_ = e.KVCacheUsage() + e.PrefillRate()
 	}
 }

@@ -162,7 +162,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 	r := e.r
 	addrOff, addrLen := uint64(le.Uint32(r[8:])), uint64(le.Uint16(r[12:]))
 	names, idOff := uint64(le.Uint16(r[14:])), uint64(le.Uint32(r[16:]))
-	if r[22]|r[23] != 0 {
+	if r[21]|r[22]|r[23]|r[36]|r[37]|r[38]|r[39] != 0 {
 		return false
 	}
 	if addrLen == 0 { // vacant: nothing else may be set
@@ -180,7 +180,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 	return le.Uint64(r[:]) <= m.ref.gen &&
 		addrOff+addrLen <= uint64(len(m.strs)) &&
 		idOff+names <= uint64(len(m.ids)/2) &&
-		Health(r[20]) <= HealthUnhealthy && Signal(r[21]) <= SignalRequests &&
+		Health(r[20]) <= HealthUnhealthy &&
 		kv >= 0 && kv <= 1 && rate >= 0 && rate <= math.MaxFloat32
 }
 
@@ -266,10 +266,6 @@ func (e Endpoint) KVCacheUsage() float64 { return float64(math.Float32frombits(l
 // second, 0 if unknown.
 func (e Endpoint) PrefillRate() float64 { return float64(math.Float32frombits(le.Uint32(e.r[44:]))) }
 
-// Saturation returns the calibrated saturation threshold and the signal it
-// applies to; SignalNone if there is none.
-func (e Endpoint) Saturation() (Signal, int) { return Signal(e.r[21]), int(le.Uint32(e.r[36:])) }
-
 // appendManifest encodes a manifest.
 func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shardBits uint8, delta ref, shards []ref, eps []epState) []byte {
 	type nameKey struct {
@@ -332,11 +328,10 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 			le.PutUint16(r[12:], uint16(len(e.info.Addr)))
 			le.PutUint16(r[14:], uint16(len(e.info.Models)+len(e.info.Adapters)))
 			le.PutUint32(r[16:], uint32(idOff[i]))
-			r[20], r[21] = byte(e.info.Health), byte(e.info.Signal)
+			r[20] = byte(e.info.Health)
 			le.PutUint32(r[24:], uint32(e.info.Running))
 			le.PutUint32(r[28:], uint32(e.info.Waiting))
 			le.PutUint32(r[32:], uint32(e.info.PrefillTokens))
-			le.PutUint32(r[36:], uint32(e.info.Threshold))
 			le.PutUint32(r[40:], math.Float32bits(float32(e.info.KVCacheUsage)))
 			le.PutUint32(r[44:], math.Float32bits(float32(e.info.PrefillRate)))
 			le.PutUint32(r[48:], uint32(e.held))

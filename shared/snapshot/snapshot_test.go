@@ -12,7 +12,7 @@ import (
 
 func TestRoundTrip(t *testing.T) {
 	b := newBuilder(t, BuilderConfig{ShardBits: 2}, 5)
-	if _, err := b.SetEndpoint(EndpointInfo{Addr: "10.1.0.9:8000", Models: []string{"qwen"}, Adapters: []string{"sql-lora"}, Health: HealthDraining, Signal: SignalRequests, Threshold: 64}); err != nil {
+	if _, err := b.SetEndpoint(EndpointInfo{Addr: "10.1.0.9:8000", Models: []string{"qwen"}, Adapters: []string{"sql-lora"}, Health: HealthDraining}); err != nil {
 		t.Fatal(err)
 	}
 	m := model{}
@@ -59,8 +59,8 @@ func TestRoundTrip(t *testing.T) {
 	if !q.Serves(qwen) || !q.Serves(lora) || q.Serves(llama) || e.Serves(qwen) || !e.Serves(llama) {
 		t.Error("Serves disagrees with the models set")
 	}
-	if sig, thr := q.Saturation(); sig != SignalRequests || thr != 64 || q.Health() != HealthDraining {
-		t.Errorf("endpoint 5 saturation %v %d health %v", sig, thr, q.Health())
+	if q.Health() != HealthDraining {
+		t.Errorf("endpoint 5 health %v", q.Health())
 	}
 	if name, adapter := q.Model(1); name != "sql-lora" || !adapter || q.NumModels() != 2 {
 		t.Errorf("endpoint 5 model 1 = %q adapter %v of %d", name, adapter, q.NumModels())

@@ -22,7 +22,6 @@ func Command(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.StringVar(&p.Model, "model", "", "model to prompt (default: the first base model /v1/models lists)")
 	fs.IntVar(&p.Tokens, "batched-tokens", DefaultBatchedTokens, "the engine's max-num-batched-tokens B: prompts are about this long")
 	fs.IntVar(&p.Runs, "runs", DefaultRuns, "timed prefills to take the median of")
-	fs.DurationVar(&p.TMax, "t-max", DefaultTMax, "largest tolerated prefill backlog T_max; threshold = rate × T_max")
 	fs.DurationVar(&p.Timeout, "timeout", DefaultProbeTimeout, "timeout of each request")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "usage: cachesync calibrate -url http://HOST:PORT [flags]\n\n"+
@@ -52,8 +51,7 @@ func (r Result) Print(w io.Writer) error {
 	}
 	_, err = fmt.Fprintf(w, "engine %s, model %s\n"+
 		"%d runs of ~%d uncached prompt tokens: median time to first token %.3f s\n"+
-		"peak prefill rate R_peak = %.0f tokens/s\n"+
-		"threshold at T_max %v: %d uncached prompt tokens\n%s\n",
-		r.URL, r.Model, len(r.Runs), r.Tokens, r.TTFT.Seconds(), math.Round(r.Rate), r.TMax, r.Threshold, line)
+		"peak prefill rate R_peak = %.0f tokens/s (cachesync -prefill-rate)\n%s\n",
+		r.URL, r.Model, len(r.Runs), r.Tokens, r.TTFT.Seconds(), math.Round(r.Rate), line)
 	return err
 }

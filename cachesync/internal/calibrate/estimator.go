@@ -35,7 +35,6 @@
 package calibrate
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -49,8 +48,6 @@ const (
 	// DefaultRate is the rate of an engine not calibrated yet, the
 	// policy's.
 	DefaultRate = policy.DefaultPrefillRate
-	// DefaultTMax is the largest tolerated prefill backlog, in time.
-	DefaultTMax = 18 * time.Second
 	// DefaultWindow is the shortest measurement window: long enough that
 	// prompts counted whole when their prefill ends (vLLM counts a prompt
 	// at its first token) average out.
@@ -81,8 +78,6 @@ type Config struct {
 	// Floor and Ceiling bound the estimate; 0 means Default/4 and
 	// Default×4.
 	Floor, Ceiling float64
-	// TMax turns a rate into a threshold; 0 means DefaultTMax.
-	TMax time.Duration
 	// Window is the shortest measurement window; 0 means DefaultWindow.
 	Window time.Duration
 	// MinSamples is how many windows must qualify before the estimate is
@@ -105,9 +100,6 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.Ceiling == 0 {
 		c.Ceiling = c.Default * 4
 	}
-	if c.TMax == 0 {
-		c.TMax = DefaultTMax
-	}
 	if c.Window == 0 {
 		c.Window = DefaultWindow
 	}
@@ -120,11 +112,11 @@ func (c Config) WithDefaults() (Config, error) {
 	switch {
 	case !(c.Floor > 0) || !(c.Floor <= c.Default) || !(c.Default <= c.Ceiling) || math.IsInf(c.Ceiling, 0):
 		return c, fmt.Errorf("calibrate: want 0 < floor %g <= default %g <= ceiling %g tokens/s", c.Floor, c.Default, c.Ceiling)
-	case c.TMax < 0 || c.Window < 0 || c.MinSamples < 0 || c.MinSamples > samples || c.MinPromptTokens < 0:
-		return c, fmt.Errorf("calibrate: T_max %v, window %v, min samples %d (at most %d), min prompt tokens %d: out of range",
-			c.TMax, c.Window, c.MinSamples, samples, c.MinPromptTokens)
-	case c.Ceiling*c.TMax.Seconds() > math.MaxUint32:
-		return c, errors.New("calibrate: ceiling × T_max overflows a threshold")
+	case c.Ceiling > math.MaxFloat32:
+		return c, fmt.Errorf("calibrate: ceiling %g tokens/s does not fit a snapshot", c.Ceiling)
+	case c.Window < 0 || c.MinSamples < 0 || c.MinSamples > samples || c.MinPromptTokens < 0:
+		return c, fmt.Errorf("calibrate: window %v, min samples %d (at most %d), min prompt tokens %d: out of range",
+			c.Window, c.MinSamples, samples, c.MinPromptTokens)
 	}
 	return c, nil
 }
@@ -132,15 +124,13 @@ func (c Config) WithDefaults() (Config, error) {
 // Rate is a published prefill rate.
 type Rate struct {
 	TokensPerSecond float64
-	// Threshold is TokensPerSecond × T_max, in uncached prompt tokens.
-	Threshold int
 	// Calibrated is false while the configured default stands.
 	Calibrated bool
 }
 
 // rate makes a Rate from tokens per second.
 func (c *Config) rate(r float64, calibrated bool) Rate {
-	return Rate{TokensPerSecond: r, Threshold: int(math.Round(r * c.TMax.Seconds())), Calibrated: calibrated}
+	return Rate{TokensPerSecond: r, Calibrated: calibrated}
 }
 
 // Observation is one scrape of an engine's metrics. The token, request

@@ -52,8 +52,6 @@ type Probe struct {
 	// Runs is the number of timed prefills; 0 means DefaultRuns. One
 	// warm-up request, half as long and not counted, comes first.
 	Runs int
-	// TMax turns the rate into a threshold; 0 means DefaultTMax.
-	TMax time.Duration
 	// Timeout bounds each request; 0 means DefaultProbeTimeout.
 	Timeout time.Duration
 	// Client sends the requests; nil means a client of its own.
@@ -81,10 +79,7 @@ type Result struct {
 	TTFT time.Duration `json:"ttft_ns"`
 	// Rate is R_peak, the median of the runs' rates, in tokens per second.
 	Rate float64 `json:"tokens_per_second"`
-	// TMax and Threshold = Rate × TMax.
-	TMax      time.Duration `json:"t_max_ns"`
-	Threshold int           `json:"threshold"`
-	Runs      []Run         `json:"runs"`
+	Runs []Run   `json:"runs"`
 }
 
 // Measure runs the probe.
@@ -95,9 +90,6 @@ func (p *Probe) Measure(ctx context.Context) (Result, error) {
 	}
 	if cfg.Runs == 0 {
 		cfg.Runs = DefaultRuns
-	}
-	if cfg.TMax == 0 {
-		cfg.TMax = DefaultTMax
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultProbeTimeout
@@ -115,9 +107,9 @@ func (p *Probe) Measure(ctx context.Context) (Result, error) {
 	switch {
 	case !strings.HasPrefix(cfg.URL, "http://") && !strings.HasPrefix(cfg.URL, "https://"):
 		return Result{}, fmt.Errorf("calibrate: engine URL %q: want http://host:port", p.URL)
-	case cfg.Tokens < 16 || cfg.Runs < 1 || cfg.TMax < 0 || cfg.Timeout < 0:
-		return Result{}, fmt.Errorf("calibrate: tokens %d (at least 16), runs %d (at least 1), T_max %v, timeout %v: out of range",
-			cfg.Tokens, cfg.Runs, cfg.TMax, cfg.Timeout)
+	case cfg.Tokens < 16 || cfg.Runs < 1 || cfg.Timeout < 0:
+		return Result{}, fmt.Errorf("calibrate: tokens %d (at least 16), runs %d (at least 1), timeout %v: out of range",
+			cfg.Tokens, cfg.Runs, cfg.Timeout)
 	}
 	return cfg.measure(ctx)
 }
@@ -140,7 +132,7 @@ func (p *Probe) measure(ctx context.Context) (Result, error) {
 	}
 	log.Info("warmed up", "prompt_tokens", warm.PromptTokens, "ttft", warm.TTFT)
 
-	res := Result{URL: p.URL, Model: p.Model, TMax: p.TMax}
+	res := Result{URL: p.URL, Model: p.Model}
 	for i := range p.Runs {
 		r, err := pr.run(ctx, p.Tokens)
 		if err != nil {
@@ -152,7 +144,6 @@ func (p *Probe) measure(ctx context.Context) (Result, error) {
 	res.Tokens = int(median(res.Runs, func(r Run) float64 { return float64(r.PromptTokens) }))
 	res.TTFT = time.Duration(median(res.Runs, func(r Run) float64 { return float64(r.TTFT) }))
 	res.Rate = median(res.Runs, func(r Run) float64 { return r.Rate })
-	res.Threshold = int(math.Round(res.Rate * p.TMax.Seconds()))
 	return res, nil
 }
 

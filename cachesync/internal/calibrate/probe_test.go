@@ -70,9 +70,6 @@ func TestProbeMeasuresSimulatorPeak(t *testing.T) {
 	if res.Tokens > DefaultBatchedTokens || res.Tokens < DefaultBatchedTokens*9/10 {
 		t.Errorf("prompts of %d tokens, want a little under %d", res.Tokens, DefaultBatchedTokens)
 	}
-	if want := int(math.Round(res.Rate * 18)); res.Threshold != want || res.TMax != DefaultTMax {
-		t.Errorf("threshold %d at T_max %v, want %d at 18 s", res.Threshold, res.TMax, want)
-	}
 	// Nothing hit the cache: every prompt was new.
 	if hit, err := e.Probe("/v1/completions", []byte(`{"prompt": "`+randomText(100)+`"}`)); err != nil || hit.GPUTokens != 0 {
 		t.Errorf("a random prompt hits the cache: %+v %v", hit, err)
@@ -119,7 +116,7 @@ func TestProbeWithoutTokenize(t *testing.T) {
 func TestCommand(t *testing.T) {
 	e := startSim(t, vllmsim.Config{TimeScale: 0.05})
 	var out bytes.Buffer
-	err := Command(context.Background(), []string{"-url", e.URL(), "-runs", "1", "-batched-tokens", "2048", "-t-max", "10s"}, &out, discard)
+	err := Command(context.Background(), []string{"-url", e.URL(), "-runs", "1", "-batched-tokens", "2048"}, &out, discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +125,7 @@ func TestCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
 		t.Fatalf("last line is not JSON: %v\n%s", err, out.String())
 	}
-	if res.Rate <= 0 || res.Threshold != int(math.Round(res.Rate*10)) || res.Tokens > 2048 || len(res.Runs) != 1 {
+	if res.Rate <= 0 || res.Tokens > 2048 || len(res.Runs) != 1 {
 		t.Errorf("result %+v", res)
 	}
 	if !strings.Contains(out.String(), fmt.Sprintf("R_peak = %.0f tokens/s", res.Rate)) {

@@ -97,6 +97,9 @@ type Config struct {
 	// MaxPendingHashes bounds the hashes of queued report batches; 0 means
 	// DefaultMaxPendingHashes.
 	MaxPendingHashes int
+	// OnOutcome, if set, receives the outcome records of report batches
+	// (what requests' first tokens took), from the builder loop.
+	OnOutcome func(endpoint string, o report.Outcome)
 	// Registerer, if set, receives the index's metrics.
 	Registerer prometheus.Registerer
 	// Logger logs endpoint changes; nil means slog.Default().
@@ -107,6 +110,7 @@ type Config struct {
 type Index struct {
 	interval    time.Duration
 	defaultCap  int
+	onOutcome   func(string, report.Outcome)
 	maxPending  int
 	maxReported int
 	log         *slog.Logger
@@ -182,6 +186,7 @@ func New(cfg Config) (*Index, error) {
 		defaultCap:  cmp.Or(cfg.DefaultCapacity, DefaultCapacity),
 		maxPending:  cmp.Or(cfg.MaxPending, DefaultMaxPending),
 		maxReported: cmp.Or(cfg.MaxPendingHashes, DefaultMaxPendingHashes),
+		onOutcome:   cfg.OnOutcome,
 		log:         cfg.Logger,
 		b:           b,
 		approx:      approx.New(),
@@ -275,7 +280,8 @@ func sameInfo(a, b *snapshot.EndpointInfo) bool {
 	return a.Addr == b.Addr && slices.Equal(a.Models, b.Models) && slices.Equal(a.Adapters, b.Adapters) &&
 		a.Health == b.Health && a.Running == b.Running && a.Waiting == b.Waiting &&
 		a.KVCacheUsage == b.KVCacheUsage && a.PrefillTokens == b.PrefillTokens &&
-		a.PrefillRate == b.PrefillRate && a.Threshold == b.Threshold && a.Signal == b.Signal
+		a.PrefillRate == b.PrefillRate &&
+		a.IndexCapacity == b.IndexCapacity && a.Model == b.Model
 }
 
 // touched records a change; x.mu is held.
@@ -498,9 +504,16 @@ func (x *Index) applyReports() {
 	batches := x.reports
 	x.reports, x.rhashes = x.rspare[:0], 0
 	x.rmu.Unlock()
-	var applied, unknown, precise, hashes, added, evicted int
+	var applied, unknown, precise, outcomes, hashes, added, evicted int
 	for i, bt := range batches {
 		for e := range bt.Records() {
+			if e.IsOutcome() {
+				outcomes++
+				if x.onOutcome != nil {
+					x.onOutcome(string(e.Endpoint()), e.Outcome())
+				}
+				continue
+			}
 			ep := x.eps[string(e.Endpoint())]
 			switch {
 			case ep == nil:
@@ -528,6 +541,7 @@ func (x *Index) applyReports() {
 	m := x.m
 	m.records.WithLabelValues("applied").Add(float64(applied))
 	m.records.WithLabelValues("unknown_endpoint").Add(float64(unknown))
+	m.records.WithLabelValues("outcome").Add(float64(outcomes))
 	m.records.WithLabelValues("precise_endpoint").Add(float64(precise))
 	m.hashes.Add(float64(hashes))
 	m.added.Add(float64(added))

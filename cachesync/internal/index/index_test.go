@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvroute/kvroute/shared/predict"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
@@ -589,4 +590,47 @@ func value(c prometheus.Collector) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
+}
+
+// TestOutcomesGoToTheHook checks that outcome records in a report batch
+// reach Config.OnOutcome with their endpoint, are counted as outcomes and
+// never touch the prefix index.
+func TestOutcomesGoToTheHook(t *testing.T) {
+	type got struct {
+		addr string
+		o    report.Outcome
+	}
+	var seen []got
+	x := newIndex(t, Config{OnOutcome: func(a string, o report.Outcome) { seen = append(seen, got{a, o}) }})
+	addEndpoints(t, x, 1, Approximate)
+	out := report.Outcome{Endpoint: addr(0), Features: predict.Features{Uncached: 10, Running: 2}, Predicted: 0.5, Observed: 0.25}
+	rec, err := report.AppendOutcome(nil, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w report.Writer
+	if _, err := w.AddEncoded(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Add(&report.Record{Endpoint: addr(0), Hashes: hs(1)}); err != nil {
+		t.Fatal(err)
+	}
+	bt, err := report.Parse(w.Bytes(), report.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.Report(bt)
+	im := x.Publish()
+	out.Endpoint = ""
+	if len(seen) != 1 || seen[0].addr != addr(0) || seen[0].o != out {
+		t.Fatalf("hook saw %+v, want one outcome %+v for %s", seen, out, addr(0))
+	}
+	if got := read(t, im, hs(1)); !equalState(got, state{H(1): {addr(0): snapshot.TierGPU}}) {
+		t.Errorf("index %v: want only the routing record's block", got)
+	}
+	for label, want := range map[string]float64{"applied": 1, "outcome": 1, "unknown_endpoint": 0} {
+		if got := value(x.m.records.WithLabelValues(label)); got != want {
+			t.Errorf("%s records = %v, want %v", label, got, want)
+		}
+	}
 }

@@ -36,7 +36,7 @@ func newMetrics(x *Index) *metrics {
 		}),
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "report_records_total",
-			Help: "Routing-report records by outcome: applied to an approximate endpoint, or ignored because the endpoint is unknown or precise.",
+			Help: "Report records by what became of them: applied to an approximate endpoint, ignored because the endpoint is unknown or precise, or an outcome (a first token's time) for the latency fit.",
 		}, []string{"outcome"}),
 		hashes:  counter("report_hashes_total", "Block hashes of applied routing-report records."),
 		added:   counter("approx_added_total", "Hashes added to approximate endpoints' sets."),

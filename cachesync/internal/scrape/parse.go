@@ -61,6 +61,9 @@ type Metrics struct {
 	Requests       float64 // requests past their first token
 	PrefillSeconds float64 // Σ per-request prefill time (vLLM only)
 	PrefillCount   float64
+	// ITLSeconds over ITLCount is the mean inter-token latency, for the
+	// latency model's decode fit.
+	ITLSeconds, ITLCount float64
 }
 
 // Observation turns m into a calibration input taken at t.
@@ -108,8 +111,9 @@ func init() {
 	for _, name := range []string{
 		"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
 		"vllm:cache_config_info", "vllm:time_to_first_token_seconds", "vllm:request_prefill_time_seconds",
+		"vllm:inter_token_latency_seconds",
 		"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
-		"sglang:cache_config_info", "sglang:time_to_first_token_seconds",
+		"sglang:cache_config_info", "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
 	} {
 		families[name] = true
 	}
@@ -186,6 +190,7 @@ func (p page) vllm(m *Metrics) {
 	}
 	_, m.Requests = p.histogram("vllm:time_to_first_token_seconds")
 	m.PrefillSeconds, m.PrefillCount = p.histogram("vllm:request_prefill_time_seconds")
+	m.ITLSeconds, m.ITLCount = p.histogram("vllm:inter_token_latency_seconds")
 }
 
 func (p page) sglang(m *Metrics) {
@@ -209,6 +214,7 @@ func (p page) sglang(m *Metrics) {
 		m.CachedTokens = p.counter("sglang:cached_tokens")
 	}
 	_, m.Requests = p.histogram("sglang:time_to_first_token_seconds")
+	m.ITLSeconds, m.ITLCount = p.histogram("sglang:inter_token_latency_seconds")
 }
 
 // cacheInfo reads an info gauge's block size and block count labels per

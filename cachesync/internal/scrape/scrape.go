@@ -87,6 +87,9 @@ type State struct {
 	// token since it started: work it did, whatever its load gauges say
 	// between two scrapes.
 	Served float64
+	// ITLSeconds and ITLCount are the engine's inter-token latency
+	// histogram's sum and count since it started.
+	ITLSeconds, ITLCount float64
 	// Misses counts the failed scrapes since the last success.
 	Misses int
 	// Err is the last scrape's error, "" after a success.
@@ -108,8 +111,6 @@ func (s State) EndpointInfo() snapshot.EndpointInfo {
 		Waiting:      s.Waiting,
 		KVCacheUsage: s.KVCacheUsage,
 		PrefillRate:  s.Rate.TokensPerSecond,
-		Threshold:    s.Rate.Threshold,
-		Signal:       snapshot.SignalPrefillTokens,
 	}
 }
 
@@ -355,6 +356,7 @@ func (p *poller) scrape(ctx context.Context) {
 	st.BlockSize, st.NumBlocks, st.KVCapacity = m.BlockSize, m.NumBlocks, m.KVCapacity
 	st.Rate = p.est.Rate()
 	st.Served = m.Requests
+	st.ITLSeconds, st.ITLCount = m.ITLSeconds, m.ITLCount
 	st.Misses, st.Err, st.Scraped = 0, "", at
 	p.update(st)
 }
@@ -381,7 +383,7 @@ func (p *poller) update(st State) {
 		}
 	}
 	if old.Rate.Calibrated != st.Rate.Calibrated || (st.Rate.Calibrated && changedMuch(old.Rate.TokensPerSecond, st.Rate.TokensPerSecond)) {
-		p.log.Info("prefill rate", "tokens_per_second", int(st.Rate.TokensPerSecond), "threshold", st.Rate.Threshold, "calibrated", st.Rate.Calibrated)
+		p.log.Info("prefill rate", "tokens_per_second", int(st.Rate.TokensPerSecond), "calibrated", st.Rate.Calibrated)
 	}
 	if s.cfg.OnChange != nil && !old.shows(&st) {
 		s.cfg.OnChange(st)

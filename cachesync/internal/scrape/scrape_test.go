@@ -163,8 +163,8 @@ func TestHealthFollowsScrapes(t *testing.T) {
 		t.Errorf("rate %+v, want the default", st.Rate)
 	}
 	info := st.EndpointInfo()
-	if info.Addr != e.addr() || info.Health != snapshot.HealthHealthy || info.Threshold != st.Rate.Threshold ||
-		info.Signal != snapshot.SignalPrefillTokens || !reflect.DeepEqual(info.Adapters, []string{"lora-a"}) {
+	if info.Addr != e.addr() || info.Health != snapshot.HealthHealthy || info.PrefillRate != st.Rate.TokensPerSecond ||
+		!reflect.DeepEqual(info.Adapters, []string{"lora-a"}) {
 		t.Errorf("endpoint info %+v", info)
 	}
 

@@ -1,0 +1,99 @@
+package policy
+
+import (
+	"math"
+	"math/bits"
+)
+
+// choose picks among the eligible candidates. Without SLOs: the least
+// price, near ties (within Config.TieTolerance) broken by random. With SLOs:
+// of the candidates predicted to meet them, the best cached (within a
+// block), by least price among those; if none meets them, the least price
+// (meets false). It also returns the runner-up: the least price among the
+// others, -1 if there is none.
+func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, meets bool) {
+	tol := p.cfg.TieTolerance.Seconds()
+	slo := j.sloTTFT > 0 || j.sloTPOT > 0
+	pick = -1
+	if slo {
+		best := -1.0
+		for i := range cands {
+			if c := &cands[i]; c.eligible && c.meets(j) && c.cached > best {
+				best = c.cached
+			}
+		}
+		if best >= 0 {
+			for i := range cands {
+				c := &cands[i]
+				c.sel = c.eligible && c.meets(j) && c.cached >= best-j.blockTokens
+			}
+			pick = least(cands, tol, random)
+		}
+	}
+	meets = !slo || pick >= 0
+	if pick < 0 {
+		for i := range cands {
+			cands[i].sel = cands[i].eligible
+		}
+		pick = least(cands, tol, random)
+	}
+	runner = -1
+	for i := range cands {
+		if c := &cands[i]; c.eligible && i != pick && (runner < 0 || c.price < cands[runner].price) {
+			runner = i
+		}
+	}
+	return pick, runner, meets
+}
+
+// least returns the selected candidate with the least price, picking
+// uniformly at random among those within tol of it; -1 if none is
+// selected. Selection is a field, not a predicate: an indirect call per
+// candidate is dear in Go's Wasm code.
+func least(cands []cand, tol float64, random uint64) int {
+	best := math.Inf(1)
+	for i := range cands {
+		if c := &cands[i]; c.sel && c.price < best {
+			best = c.price
+		}
+	}
+	if math.IsInf(best, 1) {
+		return -1
+	}
+	limit := best + tol*(1+1e-9)
+	ties := 0
+	for i := range cands {
+		if c := &cands[i]; c.sel && c.price <= limit {
+			ties++
+		}
+	}
+	k, _ := bits.Mul64(mix(random), uint64(ties))
+	for i := range cands {
+		if c := &cands[i]; c.sel && c.price <= limit {
+			if k == 0 {
+				return i
+			}
+			k--
+		}
+	}
+	return -1
+}
+
+// reason classifies a choice: affinity when the chosen endpoint holds
+// (within a block) the most of the prompt of any, least-load when none
+// holds any, saturated-release when a warmer one was priced out.
+func reason(cands []cand, pick int, blockTokens float64) Reason {
+	most := 0.0
+	for i := range cands {
+		if c := &cands[i]; c.eligible && c.cached > most {
+			most = c.cached
+		}
+	}
+	switch {
+	case most < blockTokens:
+		return ReasonLeastLoad
+	case cands[pick].cached >= most-blockTokens:
+		return ReasonAffinity
+	}
+	return ReasonSaturatedRelease
+}

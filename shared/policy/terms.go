@@ -1,0 +1,125 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/shared/predict"
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
+// job is what a request brings to every candidate's price.
+type job struct {
+	prompt      float64 // tokens
+	output      float64 // tokens it may generate
+	blocks      int     // its hashed blocks
+	blockTokens float64
+	sloTTFT     float64 // seconds; 0 none
+	sloTPOT     float64
+}
+
+func (p *Picker) job(m *snapshot.Manifest, r *Request) job {
+	j := job{blocks: len(r.Hashes), blockTokens: float64(p.cfg.BlockBytes) / BytesPerToken(m)}
+	j.prompt = float64(r.PromptTokens)
+	if j.prompt <= 0 {
+		j.prompt = float64(len(r.Hashes)) * j.blockTokens
+	}
+	j.output = float64(r.OutputTokens)
+	if j.output <= 0 {
+		j.output = float64(p.cfg.DefaultOutputTokens)
+	}
+	j.sloTTFT, j.sloTPOT = p.cfg.SLOTTFT.Seconds(), p.cfg.SLOTPOT.Seconds()
+	if r.SLOTTFT > 0 {
+		j.sloTTFT = r.SLOTTFT.Seconds()
+	}
+	if r.SLOTPOT > 0 {
+		j.sloTPOT = r.SLOTPOT.Seconds()
+	}
+	return j
+}
+
+// cand is one eligible endpoint, priced.
+type cand struct {
+	eligible bool
+	sel      bool    // selected for the choice at hand
+	cached   float64 // tokens, CPU-tier blocks discounted
+	uncached float64
+	f        predict.Features
+	ttft     float64 // seconds
+	itl      float64
+	evict    float64 // seconds of future prefill its eviction costs
+	price    float64 // what the choice minimises, seconds
+}
+
+// price fills in c for endpoint e, whose prefix match is mt and on which
+// this gateway has local in flight.
+//
+// The prediction's terms: the request's uncached tokens there; the backlog
+// of uncached tokens ahead of it (this gateway's own, which the snapshot
+// lags, plus what cachesync estimates for the others); the requests in its
+// batch (the engine's count, or this gateway's if that is higher: the
+// snapshot may not have seen them yet) and in its queue. Then:
+//
+//	price = TTFT + out·ITL (auto) | TTFT (prefill) | out·ITL + TTFT/out (decode)
+//	        + EvictionWeight · eviction
+//
+// where eviction prices the cached blocks the request's new blocks would
+// push out: their prefill time times how full the endpoint's cache is, so
+// that a prefix nobody holds goes where there is room, and all of it once
+// the cache would overflow.
+func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, local Local, stale bool, j *job) {
+	cfg := &p.cfg
+	c.eligible = true
+	eff := float64(mt.GPU) + cfg.CPUDiscount*float64(mt.Blocks-mt.GPU)
+	c.cached = min(j.prompt, eff*j.blockTokens)
+	c.uncached = j.prompt - c.cached
+
+	c.f = predict.Features{Uncached: c.uncached, Backlog: float64(local.PrefillTokens), Running: float64(local.Requests)}
+	kv := 0.0
+	if !stale {
+		c.f.Backlog += float64(e.PrefillTokens())
+		c.f.Running = max(c.f.Running, float64(e.Running()))
+		c.f.Waiting = float64(e.Waiting())
+		kv = e.KVCacheUsage()
+	}
+	rate := e.PrefillRate()
+	if rate <= 0 {
+		rate = cfg.PrefillRate
+	}
+	fallback := predict.Default(rate)
+	mdl := e.LatencyModel()
+	c.ttft = mdl.TTFT(c.f, &fallback)
+	c.itl = mdl.ITL(c.f.Running+1, kv, &fallback)
+
+	if capacity := float64(e.IndexCapacity()); capacity > 0 {
+		held := float64(e.IndexBlocks())
+		added := float64(j.blocks - int(mt.Blocks))
+		// Each new block evicts with the odds of a full cache, and surely
+		// once the cache overflows; never more than the blocks it adds.
+		evicted := min(added, max(added*min(held/capacity, 1), held+added-capacity))
+		c.evict = evicted * j.blockTokens / rate
+	}
+
+	switch cfg.Mode {
+	case ModePrefill:
+		c.price = c.ttft
+	case ModeDecode:
+		c.price = j.output*c.itl + c.ttft/j.output
+	default:
+		c.price = c.ttft + j.output*c.itl
+	}
+	c.price += cfg.EvictionWeight * c.evict
+}
+
+func (c *cand) meets(j *job) bool {
+	return (j.sloTTFT == 0 || c.ttft <= j.sloTTFT) && (j.sloTPOT == 0 || c.itl <= j.sloTPOT)
+}
+
+func (c *cand) terms(slot int) Terms {
+	return Terms{
+		Endpoint: slot, CachedTokens: int(c.cached), UncachedTokens: int(c.uncached + 0.5),
+		Backlog: int(c.f.Backlog), Running: int(c.f.Running), Waiting: int(c.f.Waiting),
+		TTFT: seconds(c.ttft), ITL: seconds(c.itl), Eviction: seconds(c.evict), Price: seconds(c.price),
+	}
+}
+
+func seconds(s float64) time.Duration { return time.Duration(min(s, 1e9) * float64(time.Second)) }
