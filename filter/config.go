@@ -210,13 +210,8 @@ var configFields = []struct {
 		return err
 	}},
 	{"policy.cpu_discount", func(c *config, v gjson.Result) (err error) { c.policy.CPUDiscount, err = fraction(v); return }},
-	{"policy.eviction_weight", func(c *config, v gjson.Result) error {
-		if v.Type != gjson.Number || v.Num < 0 || v.Num > 10 {
-			return errors.New("want a number from 0 to 10")
-		}
-		c.policy.EvictionWeight = v.Num
-		return nil
-	}},
+	{"policy.others_weight", func(c *config, v gjson.Result) (err error) { c.policy.OthersWeight, err = weight(v); return }},
+	{"policy.eviction_weight", func(c *config, v gjson.Result) (err error) { c.policy.EvictionWeight, err = weight(v); return }},
 	{"policy.tie_tolerance_ms", func(c *config, v gjson.Result) (err error) { c.policy.TieTolerance, err = millis(v, 0, 60_000); return }},
 	{"policy.slo_ttft_ms", func(c *config, v gjson.Result) (err error) { c.policy.SLOTTFT, err = millis(v, 0, 3_600_000); return }},
 	{"policy.slo_tpot_ms", func(c *config, v gjson.Result) (err error) { c.policy.SLOTPOT, err = millis(v, 0, 60_000); return }},
@@ -320,6 +315,15 @@ func millis(v gjson.Result, min, max int64) (time.Duration, error) {
 func fraction(v gjson.Result) (float64, error) {
 	if v.Type != gjson.Number || v.Num < 0 || v.Num > 1 {
 		return 0, errors.New("want a number from 0 to 1")
+	}
+	return v.Num, nil
+}
+
+// weight reads a policy weight: how many seconds one second of a secondary
+// cost counts for.
+func weight(v gjson.Result) (float64, error) {
+	if v.Type != gjson.Number || v.Num < 0 || v.Num > 10 {
+		return 0, errors.New("want a number from 0 to 10")
 	}
 	return v.Num, nil
 }

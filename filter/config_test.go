@@ -44,6 +44,7 @@ var configKeys = []struct {
 	{"policy.mode", `"decode"`, func(c *config) bool { return c.policy.Mode == policy.ModeDecode }, `"fast"`},
 	{"policy.prefill_tokens_per_second", `20000`, func(c *config) bool { return c.policy.PrefillRate == 20000 }, `0`},
 	{"policy.cpu_discount", `0.5`, func(c *config) bool { return c.policy.CPUDiscount == 0.5 }, `2`},
+	{"policy.others_weight", `0`, func(c *config) bool { return c.policy.OthersWeight == 0 }, `-1`},
 	{"policy.eviction_weight", `2.5`, func(c *config) bool { return c.policy.EvictionWeight == 2.5 }, `11`},
 	{"policy.tie_tolerance_ms", `10`, func(c *config) bool { return c.policy.TieTolerance == 10*time.Millisecond }, `-1`},
 	{"policy.slo_ttft_ms", `1500`, func(c *config) bool { return c.policy.SLOTTFT == 1500*time.Millisecond }, `-1`},

@@ -58,6 +58,14 @@ type Daemon struct {
 	models  *models
 }
 
+// maxDecodePrefill is the largest share of its prefill rate an engine may
+// have prefilled in a scrape interval whose inter-token latency counts for
+// its decode fit.
+const maxDecodePrefill = 0.1
+
+// refitInterval is how often the engines' latency fits are republished.
+const refitInterval = time.Second
+
 // eventSilence is how long an engine configured for KV events may serve
 // requests without sending one before cachesync says so: every request
 // an engine serves with prefix caching on stores or reuses blocks.
@@ -170,10 +178,23 @@ func (d *Daemon) Run(ctx context.Context) error {
 	run("discovery", func(ctx context.Context) error { return d.source.Run(ctx, sets) })
 	d.log.Info("cachesync running", "listen", d.Addr())
 
+	// Outcome reports move the latency fits between scrapes, and an idle
+	// engine's scrapes change nothing: the fits are republished on a
+	// clock of their own.
+	refit := time.NewTicker(refitInterval)
+	defer refit.Stop()
 	first := true
 loop:
 	for {
 		select {
+		case <-refit.C:
+			d.mu.Lock()
+			for _, e := range d.engines {
+				if e.scraped {
+					d.update(e)
+				}
+			}
+			d.mu.Unlock()
 		case set := <-sets:
 			d.reconcile(ctx, scraper, set)
 			if first {
@@ -275,11 +296,18 @@ func (d *Daemon) applyScrape(ctx context.Context, st scrape.State) {
 	if !ok {
 		return
 	}
-	// A scrape interval's mean inter-token latency, with the batch the
-	// engine ran: the decode half of its latency model.
+	d.models.place(st.Addr, st.Models, st.KVCapacity)
+	// A scrape interval's mean inter-token latency against the batch the
+	// engine ran: the decode half of its latency model. Only intervals
+	// in which it spent at most a tenth of its time prefilling count: a
+	// step with a prefill chunk takes as long as the chunk, and a fit of
+	// those would blame prefill on the batch size.
 	if prev := e.last; e.scraped && st.ITLCount > prev.ITLCount && st.ITLSeconds >= prev.ITLSeconds {
-		mean := (st.ITLSeconds - prev.ITLSeconds) / (st.ITLCount - prev.ITLCount)
-		d.models.itl(st.Addr, float64(st.Running+prev.Running)/2, st.KVCacheUsage, mean)
+		dt := st.Scraped.Sub(prev.Scraped).Seconds()
+		if prefilled := st.Prefilled - prev.Prefilled; dt > 0 && prefilled >= 0 && prefilled/dt <= maxDecodePrefill*max(st.Rate.TokensPerSecond, 1) {
+			mean := (st.ITLSeconds - prev.ITLSeconds) / (st.ITLCount - prev.ITLCount)
+			d.models.itl(st.Addr, float64(st.Running+prev.Running)/2, mean)
+		}
 	}
 	e.last, e.scraped = st, true
 	if st.KVCapacity > 0 {

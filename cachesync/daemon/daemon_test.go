@@ -409,17 +409,26 @@ func TestPreciseIndexFromConnectingPublishers(t *testing.T) {
 
 // TestLatencyModelsFromOutcomes checks the latency fit end to end: the
 // gateways' outcome reports become the engine's TTFT model in the snapshot,
-// the engine's own inter-token histogram its ITL model, and the error of
-// the gateways' predictions a metric.
+// shared by an engine of the same deployment, the engine's own inter-token
+// histogram its ITL model, and the error of the gateways' predictions a
+// metric.
 func TestLatencyModelsFromOutcomes(t *testing.T) {
-	es, err := vllmsim.StartN(t.Context(), 1, vllmsim.Config{Model: model, NumGPUBlocks: 256, TimeScale: 0.01})
+	es, err := vllmsim.StartN(t.Context(), 2, vllmsim.Config{Model: model, NumGPUBlocks: 256, TimeScale: 0.01})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := es[0]
-	d := startDaemon(t, Config{Engines: e.Addr(), ReportToken: "tok"})
+	e, twin := es[0], es[1]
+	d := startDaemon(t, Config{Engines: e.Addr() + "," + twin.Addr(), ReportToken: "tok"})
 	f := newFetcher(t, d.Addr())
 	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
+	// An engine's deployment (model and KV size) is known once its models
+	// are.
+	eventually(t, "both engines' models", func() bool {
+		f.sync()
+		a, ok1 := f.endpoint(e.Addr())
+		b, ok2 := f.endpoint(twin.Addr())
+		return ok1 && ok2 && a.NumModels() > 0 && b.NumModels() > 0
+	})
 
 	// The truth: 20 ms, plus prefill at 8k tokens/s of this prompt and of
 	// the backlog, plus 5 ms per queued request. Every prediction is 10%
@@ -470,6 +479,12 @@ func TestLatencyModelsFromOutcomes(t *testing.T) {
 	if got, want := mdl.TTFT(probe, nil), truth(probe); math.Abs(got-want) > 0.05*want {
 		t.Errorf("fitted TTFT at %+v: %.3f s, want %.3f s", probe, got, want)
 	}
+	// The twin publishes the shared fit at its next scrape.
+	eventually(t, "the twin engine's row to carry the shared fit", func() bool {
+		f.sync()
+		ep, ok := f.endpoint(twin.Addr())
+		return ok && ep.LatencyModel().TTFTSamples >= 2*predict.MinSamples
+	})
 	eventually(t, "ITL samples from the engine's histogram", func() bool {
 		f.sync()
 		ep, ok := f.endpoint(e.Addr())

@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"maps"
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,12 +13,16 @@ import (
 	"github.com/kvroute/kvroute/shared/report"
 )
 
-// models fits every engine's latency model (shared/predict): time to first
-// token from the gateways' outcome reports, inter-token latency from the
-// engine's own histogram against its batch size. It also measures the
-// prediction error the gateways saw.
+// models fits the engines' latency models (shared/predict): time to first
+// token from the gateways' outcome reports, inter-token latency from each
+// engine's own histogram against its batch. Engines serving the same model
+// on the same KV-cache size are taken to be one deployment on one kind of
+// accelerator and share a fit: it learns from all of them at once, and the
+// policy compares them by their load, not by the noise of separate fits.
+// It also measures the prediction error the gateways saw.
 type models struct {
 	mu     sync.Mutex
+	group  map[string]string // engine address -> its deployment's key; "" until scraped
 	fits   map[string]*fit.Model
 	recent []float64 // the last relative TTFT errors, for the median
 	next   int
@@ -29,7 +35,7 @@ type models struct {
 const recentErrors = 1024
 
 func newModels(reg prometheus.Registerer) *models {
-	m := &models{fits: map[string]*fit.Model{}}
+	m := &models{group: map[string]string{}, fits: map[string]*fit.Model{}}
 	m.errs = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "kvroute_cachesync", Name: "ttft_prediction_error_ratio",
 		Help:    "|predicted - observed| / observed time to first token of routed requests, as the gateways report them.",
@@ -43,11 +49,26 @@ func newModels(reg prometheus.Registerer) *models {
 	return m
 }
 
+// deployment names the fit an engine shares: its first served model and
+// its KV-cache size in tokens.
+func deployment(models []string, kvTokens int) string {
+	if len(models) == 0 {
+		return ""
+	}
+	return models[0] + "|" + strconv.Itoa(kvTokens)
+}
+
+// fitOf returns addr's fit, nil while its deployment is unknown; m.mu is
+// held.
 func (m *models) fitOf(addr string) *fit.Model {
-	f := m.fits[addr]
+	g := m.group[addr]
+	if g == "" {
+		return nil
+	}
+	f := m.fits[g]
 	if f == nil {
 		f = new(fit.Model)
-		m.fits[addr] = f
+		m.fits[g] = f
 	}
 	return f
 }
@@ -59,9 +80,9 @@ func (m *models) outcome(addr string, o report.Outcome) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	f := m.fits[addr]
+	f := m.fitOf(addr)
 	if f == nil {
-		return // not an engine this cachesync follows
+		return // not an engine this cachesync follows, or not scraped yet
 	}
 	f.AddTTFT(o.Features, o.Observed)
 	if o.Predicted > 0 {
@@ -76,24 +97,46 @@ func (m *models) outcome(addr string, o report.Outcome) {
 	}
 }
 
-// itl takes a scrape interval's mean inter-token latency.
-func (m *models) itl(addr string, running, kv, seconds float64) {
+// itl takes a scrape interval's mean inter-token latency, in which the
+// engine mostly decoded.
+func (m *models) itl(addr string, running, seconds float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.fitOf(addr).AddITL(running, kv, seconds)
+	if f := m.fitOf(addr); f != nil {
+		f.AddITL(running, seconds)
+	}
 }
 
-// add starts following an engine; forget stops.
+// add starts following an engine, whose deployment is known once it is
+// scraped (place); forget stops.
 func (m *models) add(addr string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.fitOf(addr)
+	if _, ok := m.group[addr]; !ok {
+		m.group[addr] = ""
+	}
+}
+
+// place records the deployment a scrape found the engine serving.
+func (m *models) place(addr string, models []string, kvTokens int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.group[addr]; ok {
+		m.group[addr] = deployment(models, kvTokens)
+	}
 }
 
 func (m *models) forget(addr string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.fits, addr)
+	delete(m.group, addr)
+	// A deployment's fit outlives its engines only while some engine
+	// still shares it.
+	for g := range m.fits {
+		if !slices.Contains(slices.Collect(maps.Values(m.group)), g) {
+			delete(m.fits, g)
+		}
+	}
 }
 
 // model returns the engine's fitted model, held near the default for its
@@ -102,7 +145,7 @@ func (m *models) model(addr string, rate float64) predict.Model {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	prior := predict.Default(rate)
-	f := m.fits[addr]
+	f := m.fitOf(addr)
 	if f == nil {
 		return prior
 	}

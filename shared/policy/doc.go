@@ -28,7 +28,11 @@
 // whole predicted latency, so the decode load counts as much as it will
 // take, and a pool's bottleneck, prefill or decode, weighs most on its own.
 // ModePrefill prices TTFT alone, ModeDecode out·ITL (TTFT breaking ties).
-// To that the eviction price is added, Config.EvictionWeight times the
+// To that is added what the request's work costs the requests sharing the
+// endpoint (Config.OthersWeight): every step that prefills its uncached
+// tokens or decodes one of its tokens is longer for each of them, so a
+// request does not leave a warm endpoint for a slightly faster batch and
+// stall a cold one with a full prefill. And the eviction price is added, Config.EvictionWeight times the
 // prefill time of the cached blocks the request's new blocks would push out
 // of the endpoint's cache: its new blocks times how full the cache is (the
 // index's blocks over its capacity, both in the snapshot), and all of the
@@ -59,6 +63,8 @@
 //     cachesync has not calibrated.
 //   - CPUDiscount 0.8: a CPU-tier hit still pays a PCIe transfer, about a
 //     fifth of recomputing at H100 prefill rates.
+//   - OthersWeight 1: a second of another request's latency counts as much
+//     as a second of this one's.
 //   - EvictionWeight 1: an evicted block costs its prefill once, when it is
 //     next needed.
 //   - TieTolerance 5 ms: below what the model can tell apart, above float

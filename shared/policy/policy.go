@@ -93,6 +93,10 @@ type Config struct {
 	// CPUDiscount is what a block cached on the CPU tier counts for
 	// relative to one on the GPU, 0 to 1.
 	CPUDiscount float64
+	// OthersWeight prices the delay a request's own prefill and decode add
+	// to the requests sharing an endpoint with it, against its own
+	// latency; 0 to 10 (0 is a selfish choice).
+	OthersWeight float64
 	// EvictionWeight prices the cached blocks a request would push out of
 	// an endpoint's cache, as seconds of someone's future prefill; 0 to 10.
 	EvictionWeight float64
@@ -117,6 +121,7 @@ func DefaultConfig() Config {
 		Mode:                ModeAuto,
 		PrefillRate:         DefaultPrefillRate,
 		CPUDiscount:         0.8,
+		OthersWeight:        1,
 		EvictionWeight:      1,
 		TieTolerance:        5 * time.Millisecond,
 		DefaultOutputTokens: 256,
@@ -132,6 +137,8 @@ func (c *Config) validate() error {
 		return errors.New("policy: prefill rate must be positive")
 	case !(c.CPUDiscount >= 0 && c.CPUDiscount <= 1):
 		return errors.New("policy: CPU discount must be 0 to 1")
+	case !(c.OthersWeight >= 0 && c.OthersWeight <= 10):
+		return errors.New("policy: others weight must be 0 to 10")
 	case !(c.EvictionWeight >= 0 && c.EvictionWeight <= 10):
 		return errors.New("policy: eviction weight must be 0 to 10")
 	case c.TieTolerance < 0 || c.SLOTTFT < 0 || c.SLOTPOT < 0:
@@ -202,6 +209,7 @@ type Terms struct {
 	Waiting        int           // requests in its queue
 	TTFT           time.Duration // predicted time to first token
 	ITL            time.Duration // predicted inter-token latency
+	Others         time.Duration // delay its work would add to the requests sharing the endpoint
 	Eviction       time.Duration // price of the cached blocks it would evict
 	Price          time.Duration // what the choice minimised
 }

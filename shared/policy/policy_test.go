@@ -162,6 +162,21 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonAffinity,
 		},
 		{
+			// Its own latency alone would send it to the cold endpoint (its
+			// batch is smaller, so it decodes faster), but the cold prefill
+			// would stall the 15 requests there for longer than the warm
+			// endpoint's 40 wait for the rest of the prompt.
+			name: "a crowded warm batch keeps the request: a cold prefill stalls everyone there",
+			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 15)}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			name: "the same, priced selfishly (others weight 0): it leaves",
+			cfg:  func(c *Config) { c.OthersWeight = 0 },
+			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 15)}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
 			name: "prefill mode ignores decode load",
 			cfg:  func(c *Config) { c.Mode = ModePrefill },
 			eps:  []ep{{info: withRunning(healthy(0), 200), blocks: promptBlocks, gpu: promptBlocks}, cold(0)},
@@ -273,7 +288,7 @@ func TestDecisionExplains(t *testing.T) {
 		t.Errorf("terms: chosen %+v, runner-up %+v", c, r)
 	}
 	for _, x := range []Terms{c, r} {
-		if got := x.TTFT + 100*x.ITL + x.Eviction; absDur(got-x.Price) > time.Millisecond {
+		if got := x.TTFT + 100*x.ITL + x.Others + x.Eviction; absDur(got-x.Price) > time.Millisecond {
 			t.Errorf("terms %+v do not add up to the price", x)
 		}
 	}
@@ -356,6 +371,7 @@ func TestConfig(t *testing.T) {
 		func(c *Config) { c.PrefillRate = 0 },
 		func(c *Config) { c.CPUDiscount = 1.5 },
 		func(c *Config) { c.EvictionWeight = -1 },
+		func(c *Config) { c.OthersWeight = 11 },
 		func(c *Config) { c.TieTolerance = -1 },
 		func(c *Config) { c.SLOTTFT = -1 },
 		func(c *Config) { c.DefaultOutputTokens = 0 },

@@ -46,6 +46,7 @@ type cand struct {
 	f        predict.Features
 	ttft     float64 // seconds
 	itl      float64
+	others   float64 // seconds its work adds to the requests sharing the endpoint
 	evict    float64 // seconds of future prefill its eviction costs
 	price    float64 // what the choice minimises, seconds
 }
@@ -60,12 +61,18 @@ type cand struct {
 // snapshot may not have seen them yet) and in its queue. Then:
 //
 //	price = TTFT + out·ITL (auto) | TTFT (prefill) | out·ITL + TTFT/out (decode)
-//	        + EvictionWeight · eviction
+//	        + OthersWeight · others + EvictionWeight · eviction
 //
-// where eviction prices the cached blocks the request's new blocks would
-// push out: their prefill time times how full the endpoint's cache is, so
-// that a prefix nobody holds goes where there is room, and all of it once
-// the cache would overflow.
+// others is what the request's own work costs the requests that share the
+// endpoint with it: every step that prefills its uncached tokens, and every
+// step it decodes in, is longer for each request running or queued there.
+// Its own latency alone would be a selfish price: a request would leave a
+// warm endpoint for a cold one to save a few milliseconds per token, and
+// pay for it with a full prefill that stalls every batch it lands in.
+// eviction prices the cached blocks the request's new blocks would push
+// out: their prefill time times how full the endpoint's cache is, so that
+// a prefix nobody holds goes where there is room, and all of it once the
+// cache would overflow.
 func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, local Local, stale bool, j *job) {
 	cfg := &p.cfg
 	c.eligible = true
@@ -74,21 +81,21 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, local Lo
 	c.uncached = j.prompt - c.cached
 
 	c.f = predict.Features{Uncached: c.uncached, Backlog: float64(local.PrefillTokens), Running: float64(local.Requests)}
-	kv := 0.0
 	if !stale {
 		c.f.Backlog += float64(e.PrefillTokens())
 		c.f.Running = max(c.f.Running, float64(e.Running()))
 		c.f.Waiting = float64(e.Waiting())
-		kv = e.KVCacheUsage()
 	}
 	rate := e.PrefillRate()
 	if rate <= 0 {
 		rate = cfg.PrefillRate
 	}
 	fallback := predict.Default(rate)
-	mdl := e.LatencyModel()
-	c.ttft = mdl.TTFT(c.f, &fallback)
-	c.itl = mdl.ITL(c.f.Running+1, kv, &fallback)
+	mdl := e.LatencyModel().Resolve(&fallback)
+	c.ttft = mdl.TTFT(c.f, nil)
+	c.itl = mdl.ITL(c.f.Running+1, nil)
+	share := c.f.Running + c.f.Waiting
+	prefillCost, decodeCost := c.uncached*mdl.PerUncachedToken()*share, j.output*mdl.PerRunning()*share
 
 	if capacity := float64(e.IndexCapacity()); capacity > 0 {
 		held := float64(e.IndexBlocks())
@@ -101,13 +108,13 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, local Lo
 
 	switch cfg.Mode {
 	case ModePrefill:
-		c.price = c.ttft
+		c.price, c.others = c.ttft, prefillCost
 	case ModeDecode:
-		c.price = j.output*c.itl + c.ttft/j.output
+		c.price, c.others = j.output*c.itl+c.ttft/j.output, decodeCost
 	default:
-		c.price = c.ttft + j.output*c.itl
+		c.price, c.others = c.ttft+j.output*c.itl, prefillCost+decodeCost
 	}
-	c.price += cfg.EvictionWeight * c.evict
+	c.price += cfg.OthersWeight*c.others + cfg.EvictionWeight*c.evict
 }
 
 func (c *cand) meets(j *job) bool {
@@ -118,7 +125,7 @@ func (c *cand) terms(slot int) Terms {
 	return Terms{
 		Endpoint: slot, CachedTokens: int(c.cached), UncachedTokens: int(c.uncached + 0.5),
 		Backlog: int(c.f.Backlog), Running: int(c.f.Running), Waiting: int(c.f.Waiting),
-		TTFT: seconds(c.ttft), ITL: seconds(c.itl), Eviction: seconds(c.evict), Price: seconds(c.price),
+		TTFT: seconds(c.ttft), ITL: seconds(c.itl), Others: seconds(c.others), Eviction: seconds(c.evict), Price: seconds(c.price),
 	}
 }
 

@@ -5,13 +5,20 @@
 //
 // The terms are what a continuous-batching engine spends a step on:
 //
-//	TTFT = a0 + a1·uncached + a2·backlog + a3·running + a4·waiting   seconds
-//	ITL  = b0 + b1·running + b2·kv                                  seconds per token
+//	TTFT = a0 + a1·(uncached + backlog) + a2·running + a3·waiting   seconds
+//	ITL  = b0 + b1·running                                          seconds per token
 //
 // uncached is this request's prompt tokens the endpoint must prefill,
-// backlog the uncached prompt tokens ahead of it, running and waiting the
-// endpoint's requests in its batch and in its queue, kv its KV-cache usage
-// (0 to 1). Coefficients are kept non-negative: more work never predicts
+// backlog the uncached prompt tokens ahead of it: one term, since a token
+// prefilled costs the same whoever's it is, and because routing itself
+// makes the two move together (a warm endpoint has both little to prefill
+// and a queue), two coefficients would split at the noise's whim and
+// could price the cache at nothing. running and waiting are the endpoint's
+// requests in its batch and in its queue. ITL is that of decoding steps
+// that carry no prefill (a step with a prefill chunk takes as long as the
+// chunk, which the policy prices through TTFT and what it costs the batch):
+// cachesync fits it only from intervals in which the engine prefilled
+// little. Coefficients are kept non-negative: more work never predicts
 // less time. A model with too few samples is not trusted; Default stands in
 // for it, built from the endpoint's calibrated prefill rate.
 package predict
@@ -22,8 +29,8 @@ import (
 
 // NumTTFT and NumITL are the model's coefficient counts.
 const (
-	NumTTFT = 5
-	NumITL  = 3
+	NumTTFT = 4
+	NumITL  = 2
 )
 
 // Features are one decision's terms on one endpoint.
@@ -32,7 +39,7 @@ type Features struct {
 }
 
 func (f *Features) vector() [NumTTFT]float64 {
-	return [NumTTFT]float64{1, f.Uncached, f.Backlog, f.Running, f.Waiting}
+	return [NumTTFT]float64{1, f.Uncached + f.Backlog, f.Running, f.Waiting}
 }
 
 // Model is one endpoint's fitted latency model.
@@ -60,8 +67,8 @@ const (
 // tokens/s behind the backlog, one step per token while decoding.
 func Default(rate float64) Model {
 	var m Model
-	m.TTFTCoef = [NumTTFT]float32{DefaultStep, float32(1 / rate), float32(1 / rate), 0, 0}
-	m.ITLCoef = [NumITL]float32{DefaultStep, DefaultPerRunning, 0}
+	m.TTFTCoef = [NumTTFT]float32{DefaultStep, float32(1 / rate), 0, 0}
+	m.ITLCoef = [NumITL]float32{DefaultStep, DefaultPerRunning}
 	return m
 }
 
@@ -81,14 +88,35 @@ func (m *Model) TTFT(f Features, fallback *Model) float64 {
 }
 
 // ITL predicts the inter-token latency, in seconds per token, with running
-// requests in the batch and KV-cache usage kv.
-func (m *Model) ITL(running, kv float64, fallback *Model) float64 {
+// requests in the batch, of decoding steps that carry no prefill.
+func (m *Model) ITL(running float64, fallback *Model) float64 {
 	c := &m.ITLCoef
 	if m.ITLSamples < MinSamples && fallback != nil {
 		c = &fallback.ITLCoef
 	}
-	return float64(c[0]) + float64(c[1])*running + float64(c[2])*kv
+	return float64(c[0]) + float64(c[1])*running
 }
+
+// Resolve returns m with each fit that has too few samples replaced by
+// fallback's.
+func (m Model) Resolve(fallback *Model) Model {
+	if m.TTFTSamples < MinSamples {
+		m.TTFTCoef = fallback.TTFTCoef
+	}
+	if m.ITLSamples < MinSamples {
+		m.ITLCoef = fallback.ITLCoef
+	}
+	return m
+}
+
+// PerUncachedToken is the time to first token one more uncached prompt
+// token adds, in seconds: also the step time a prefilled token costs
+// everyone in the batch with it.
+func (m *Model) PerUncachedToken() float64 { return float64(m.TTFTCoef[1]) }
+
+// PerRunning is the inter-token latency one more running request adds, in
+// seconds per token.
+func (m *Model) PerRunning() float64 { return float64(m.ITLCoef[1]) }
 
 // Valid reports whether every coefficient is a finite non-negative number
 // (what a snapshot reader checks before using a model).

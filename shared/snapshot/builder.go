@@ -254,6 +254,15 @@ func (b *Builder) Remove(slot int, h uint64, t Tier) error {
 	return nil
 }
 
+// Holds reports whether the endpoint in slot holds block h in tier t.
+func (b *Builder) Holds(slot int, h uint64, t Tier) bool {
+	if !b.live(slot) {
+		return false
+	}
+	id, ok := b.shards[h>>(64-b.shardBits)].m[h]
+	return ok && b.sets.sets[id].slotMask(slot)&tierMask(t) != 0
+}
+
 func (b *Builder) update(h uint64, slot int, set, clear uint8) {
 	sh := &b.shards[h>>(64-b.shardBits)]
 	old := sh.m[h]

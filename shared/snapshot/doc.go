@@ -100,8 +100,9 @@
 //	52   4     the endpoint's cache capacity in text blocks; 0 unknown
 //	56   4     TTFT samples of its latency model (shared/predict)
 //	60   4     ITL samples
-//	64   20    TTFT coefficients, 5 float32, each finite and >= 0
-//	84   12    ITL coefficients, 3 float32, likewise
+//	64   16    TTFT coefficients, 4 float32, each finite and >= 0
+//	80   8     ITL coefficients, 2 float32, likewise
+//	88   8     reserved, 0
 //
 // The head, stored under Keys.Head, is "KVRH", the version (uint16), two
 // reserved bytes, the manifest's generation and its checksum: 24 bytes.

@@ -162,7 +162,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 	r := e.r
 	addrOff, addrLen := uint64(le.Uint32(r[8:])), uint64(le.Uint16(r[12:]))
 	names, idOff := uint64(le.Uint16(r[14:])), uint64(le.Uint32(r[16:]))
-	if r[21]|r[22]|r[23]|r[36]|r[37]|r[38]|r[39] != 0 {
+	if r[21]|r[22]|r[23]|r[36]|r[37]|r[38]|r[39] != 0 || le.Uint64(r[88:]) != 0 {
 		return false
 	}
 	if addrLen == 0 { // vacant: nothing else may be set
@@ -201,7 +201,7 @@ func (e Endpoint) LatencyModel() predict.Model {
 		m.TTFTCoef[i] = math.Float32frombits(le.Uint32(e.r[64+4*i:]))
 	}
 	for i := range m.ITLCoef {
-		m.ITLCoef[i] = math.Float32frombits(le.Uint32(e.r[84+4*i:]))
+		m.ITLCoef[i] = math.Float32frombits(le.Uint32(e.r[80+4*i:]))
 	}
 	return m
 }
@@ -343,7 +343,7 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 				le.PutUint32(r[64+4*i:], math.Float32bits(c))
 			}
 			for i, c := range mdl.ITLCoef {
-				le.PutUint32(r[84+4*i:], math.Float32bits(c))
+				le.PutUint32(r[80+4*i:], math.Float32bits(c))
 			}
 		}
 		dst = append(dst, r[:]...)

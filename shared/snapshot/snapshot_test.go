@@ -275,6 +275,19 @@ func TestEndpointLoadTerms(t *testing.T) {
 	if got := b.Held(slot); got != 10 {
 		t.Fatalf("Held = %d, want 10", got)
 	}
+	for _, c := range []struct {
+		slot int
+		h    uint64
+		tier Tier
+		want bool
+	}{
+		{slot, 3, TierGPU, true}, {slot, 3, TierCPU, true}, {slot, 1, TierGPU, false}, {slot, 11, TierGPU, false},
+		{slot, 11, TierCPU, true}, {other, 1, TierGPU, true}, {other, 3, TierCPU, false}, {slot, 99, TierGPU, false}, {7, 3, TierGPU, false},
+	} {
+		if got := b.Holds(c.slot, c.h, c.tier); got != c.want {
+			t.Errorf("Holds(%d, %d, %v) = %v, want %v", c.slot, c.h, c.tier, got, c.want)
+		}
+	}
 	m, err := ParseManifest(b.Build(epoch).manifest)
 	if err != nil {
 		t.Fatal(err)

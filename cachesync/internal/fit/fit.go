@@ -4,7 +4,7 @@
 // coefficients.
 //
 // Each sample adds its outer product to a small normal-equation system
-// (5 unknowns for TTFT, 3 for ITL) after decaying the old ones, so a fit
+// (4 unknowns for TTFT, 2 for ITL) after decaying the old ones, so a fit
 // costs constant memory and follows an endpoint whose behaviour drifts
 // (a new model version, another accelerator) within a few hundred samples.
 // Solving is coordinate descent on the regularised quadratic, projected on
@@ -30,7 +30,7 @@ const priorWeight = 4
 type system struct {
 	a       [predict.NumTTFT][predict.NumTTFT]float64
 	b       [predict.NumTTFT]float64
-	sq      [predict.NumTTFT]float64 // decayed Σ x_j², for the prior's scale
+	sum, sq [predict.NumTTFT]float64 // decayed Σ x_j and Σ x_j², for the prior's scale
 	weight  float64
 	samples uint32
 }
@@ -47,17 +47,17 @@ func (m *Model) AddTTFT(f predict.Features, seconds float64) {
 	if !(seconds > 0) || math.IsInf(seconds, 0) {
 		return
 	}
-	x := [predict.NumTTFT]float64{1, f.Uncached, f.Backlog, f.Running, f.Waiting}
+	x := [predict.NumTTFT]float64{1, f.Uncached + f.Backlog, f.Running, f.Waiting}
 	m.ttft.add(x[:], seconds)
 }
 
-// AddITL adds an observed inter-token latency, in seconds per token, with
-// the batch it ran in.
-func (m *Model) AddITL(running, kv, seconds float64) {
+// AddITL adds an observed inter-token latency of decoding, in seconds per
+// token, with the batch it ran in.
+func (m *Model) AddITL(running, seconds float64) {
 	if !(seconds > 0) || math.IsInf(seconds, 0) {
 		return
 	}
-	x := [predict.NumITL]float64{1, running, kv}
+	x := [predict.NumITL]float64{1, running}
 	m.itl.add(x[:], seconds)
 }
 
@@ -67,6 +67,7 @@ func (s *system) add(x []float64, y float64) {
 			s.a[i][j] = Forget*s.a[i][j] + x[i]*x[j]
 		}
 		s.b[i] = Forget*s.b[i] + x[i]*y
+		s.sum[i] = Forget*s.sum[i] + x[i]
 		s.sq[i] = Forget*s.sq[i] + x[i]*x[i]
 	}
 	s.weight = Forget*s.weight + 1
@@ -94,9 +95,11 @@ func (m *Model) Fit(prior predict.Model) predict.Model {
 	return out
 }
 
-// solve minimises Σ w (y - x·β)² + μ Σ_j s_j (β_j - prior_j)² over β >= 0,
-// where s_j is feature j's mean square, so the prior weighs like
-// priorWeight samples whatever the feature's scale.
+// solve minimises Σ w (y - x·β)² + μ Σ_j v_j (β_j - prior_j)² over β >= 0,
+// where v_j is feature j's variance, so the prior weighs like priorWeight
+// samples whatever the feature's scale, and counts only where the samples
+// do not pin the coefficient down: along a feature with a large mean and
+// little spread, the mean square would let the prior outweigh the data.
 func (s *system) solve(prior []float64, n int) []float64 {
 	beta := make([]float64, n)
 	copy(beta, prior)
@@ -106,17 +109,15 @@ func (s *system) solve(prior []float64, n int) []float64 {
 	var a [predict.NumTTFT][predict.NumTTFT]float64
 	var b [predict.NumTTFT]float64
 	for i := range n {
-		reg := priorWeight * s.sq[i] / s.weight
-		if reg == 0 {
-			reg = 1e-12
-		}
+		mean, msq := s.sum[i]/s.weight, s.sq[i]/s.weight
+		reg := priorWeight * max(msq-mean*mean, 1e-9*msq, 1e-18)
 		for j := range n {
 			a[i][j] = s.a[i][j]
 		}
 		a[i][i] += reg
 		b[i] = s.b[i] + reg*prior[i]
 	}
-	for range 200 {
+	for range 1000 {
 		moved := 0.0
 		for j := range n {
 			r := b[j]

@@ -11,12 +11,12 @@ import (
 // TestRecoversTTFT: samples drawn from a known linear TTFT (with noise)
 // give back its coefficients, and predictions within a few percent.
 func TestRecoversTTFT(t *testing.T) {
-	truth := [predict.NumTTFT]float64{0.02, 1.0 / 20000, 1.0 / 20000, 0.002, 0.05}
+	truth := [predict.NumTTFT]float64{0.02, 1.0 / 20000, 0.002, 0.05}
 	r := rand.New(rand.NewPCG(1, 2))
 	var m Model
 	for range 2000 {
 		f := predict.Features{Uncached: r.Float64() * 8000, Backlog: r.Float64() * 30000, Running: float64(r.IntN(40)), Waiting: float64(r.IntN(5))}
-		y := truth[0] + truth[1]*f.Uncached + truth[2]*f.Backlog + truth[3]*f.Running + truth[4]*f.Waiting
+		y := truth[0] + truth[1]*(f.Uncached+f.Backlog) + truth[2]*f.Running + truth[3]*f.Waiting
 		m.AddTTFT(f, y*(1+0.05*r.NormFloat64()))
 	}
 	got := m.Fit(predict.Default(15928))
@@ -26,7 +26,7 @@ func TestRecoversTTFT(t *testing.T) {
 	var worst float64
 	for range 200 {
 		f := predict.Features{Uncached: r.Float64() * 8000, Backlog: r.Float64() * 30000, Running: float64(r.IntN(40)), Waiting: float64(r.IntN(5))}
-		want := truth[0] + truth[1]*f.Uncached + truth[2]*f.Backlog + truth[3]*f.Running + truth[4]*f.Waiting
+		want := truth[0] + truth[1]*(f.Uncached+f.Backlog) + truth[2]*f.Running + truth[3]*f.Waiting
 		worst = max(worst, math.Abs(got.TTFT(f, nil)-want)/want)
 	}
 	if worst > 0.05 {
@@ -49,11 +49,11 @@ func TestNonNegativeAndPrior(t *testing.T) {
 	if !got.Valid() {
 		t.Fatalf("invalid fit %v", got.TTFTCoef)
 	}
-	if got.TTFTCoef[3] != 0 {
-		t.Errorf("running coefficient %v, want 0 (never negative)", got.TTFTCoef[3])
+	if got.TTFTCoef[2] != 0 {
+		t.Errorf("running coefficient %v, want 0 (never negative)", got.TTFTCoef[2])
 	}
-	if got.TTFTCoef[2] != prior.TTFTCoef[2] || got.TTFTCoef[4] != prior.TTFTCoef[4] {
-		t.Errorf("unobserved terms %v and %v moved from their priors %v and %v", got.TTFTCoef[2], got.TTFTCoef[4], prior.TTFTCoef[2], prior.TTFTCoef[4])
+	if got.TTFTCoef[3] != prior.TTFTCoef[3] {
+		t.Errorf("the unobserved waiting term %v moved from its prior %v", got.TTFTCoef[3], prior.TTFTCoef[3])
 	}
 }
 
@@ -63,10 +63,10 @@ func TestITLAndFallback(t *testing.T) {
 	var m Model
 	for i := range 500 {
 		running := float64(i % 50)
-		m.AddITL(running, 0.5, 0.012+0.0004*running)
+		m.AddITL(running, 0.012+0.0004*running)
 	}
 	got := m.Fit(predict.Default(15928))
-	if p := got.ITL(30, 0.5, nil); math.Abs(p-0.024)/0.024 > 0.05 {
+	if p := got.ITL(30, nil); math.Abs(p-0.024)/0.024 > 0.05 {
 		t.Errorf("ITL at 30 running %.4f s, want 0.024", p)
 	}
 	var few Model
@@ -77,7 +77,7 @@ func TestITLAndFallback(t *testing.T) {
 		t.Errorf("a one-sample fit predicted %.3f s, want the fallback's", p)
 	}
 	m.AddTTFT(predict.Features{}, math.NaN())
-	m.AddITL(1, 1, -1)
+	m.AddITL(1, -1)
 	if m.ttft.samples != 0 || m.itl.samples != 500 {
 		t.Error("non-positive or NaN observations were taken")
 	}

@@ -90,6 +90,9 @@ type State struct {
 	// ITLSeconds and ITLCount are the engine's inter-token latency
 	// histogram's sum and count since it started.
 	ITLSeconds, ITLCount float64
+	// Prefilled counts the uncached prompt tokens the engine has computed
+	// since it started.
+	Prefilled float64
 	// Misses counts the failed scrapes since the last success.
 	Misses int
 	// Err is the last scrape's error, "" after a success.
@@ -357,6 +360,7 @@ func (p *poller) scrape(ctx context.Context) {
 	st.Rate = p.est.Rate()
 	st.Served = m.Requests
 	st.ITLSeconds, st.ITLCount = m.ITLSeconds, m.ITLCount
+	st.Prefilled = max(0, m.PromptTokens-m.CachedTokens)
 	st.Misses, st.Err, st.Scraped = 0, "", at
 	p.update(st)
 }
