@@ -17,16 +17,19 @@
 //
 // # Precise and approximate endpoints
 //
-// Each endpoint is in one mode. A precise endpoint's entries come only from
-// its engine's KV events; routing reports naming it are ignored (and
-// counted). The snapshot keeps one bit per endpoint, block and tier, so two
-// sources cannot share it: a report would add blocks the engine may never
-// have cached, and nothing would remove them, since the engine's events
-// only remove what it stored, while the events describe the engine's cache
-// exactly, lagging by about one sync interval, which the filter's own
-// in-flight accounting covers. An approximate endpoint's entries come from
-// reports through shared/approx, sized by SetCapacity. Switching modes
-// clears the endpoint's entries, for the same reason.
+// Each endpoint is in one mode. A precise endpoint's entries come from its
+// engine's KV events, which describe its cache exactly but only once a
+// prompt's blocks are computed: a second request for a new prefix that
+// arrives while the first is still queued or prefilling would see nobody
+// holding it and be placed elsewhere, splitting the prefix at birth. So a
+// routing report naming a precise endpoint adds the blocks its engine does
+// not hold yet as pending, for Config.PendingTTL: the engine's own event
+// storing a block confirms it, and a pending block no event confirmed in
+// time is removed. The snapshot keeps one bit per endpoint, block and tier,
+// and the index tells the two sources apart by the pending set, so a report
+// can never remove what the engine stored, nor keep what it did not. An
+// approximate endpoint's entries come from reports through shared/approx,
+// sized by SetCapacity. Switching modes clears the endpoint's entries.
 package index
 
 import (
@@ -77,6 +80,10 @@ const (
 	DefaultMaxPending = 1 << 16
 	// DefaultMaxPendingHashes bounds the hashes of queued report batches.
 	DefaultMaxPendingHashes = 1 << 22
+	// DefaultPendingTTL is how long a reported block of a precise endpoint
+	// counts without its engine's confirmation: longer than a long
+	// prompt's queueing and prefill under load.
+	DefaultPendingTTL = 10 * time.Second
 )
 
 // Config configures an Index. The zero value means the defaults.
@@ -97,6 +104,10 @@ type Config struct {
 	// MaxPendingHashes bounds the hashes of queued report batches; 0 means
 	// DefaultMaxPendingHashes.
 	MaxPendingHashes int
+	// PendingTTL is how long a block a routing report says a precise
+	// endpoint is computing counts before its engine's events confirm it;
+	// 0 means DefaultPendingTTL, negative turns pending blocks off.
+	PendingTTL time.Duration
 	// OnOutcome, if set, receives the outcome records of report batches
 	// (what requests' first tokens took), from the builder loop.
 	OnOutcome func(endpoint string, o report.Outcome)
@@ -111,6 +122,8 @@ type Index struct {
 	interval    time.Duration
 	defaultCap  int
 	onOutcome   func(string, report.Outcome)
+	pendingTTL  time.Duration
+	now         func() time.Time // time.Now; tests step it
 	maxPending  int
 	maxReported int
 	log         *slog.Logger
@@ -131,6 +144,8 @@ type Index struct {
 	wake     chan struct{}
 	wakeSent atomic.Bool
 
+	pendingN atomic.Int64 // pending blocks over all endpoints, for the builder loop's timer
+
 	img   atomic.Pointer[snapshot.Image]
 	stats atomic.Pointer[Stats]
 }
@@ -144,6 +159,10 @@ type endpoint struct {
 	info     snapshot.EndpointInfo
 	capacity int
 	spare    []op
+	// pending maps the blocks reports said a precise endpoint is
+	// computing, which no event of its engine has confirmed yet, to when
+	// they expire (Unix nanoseconds).
+	pending map[uint64]int64
 
 	// epoch changes (under both Index.mu and qmu) when the endpoint
 	// leaves precise mode or is removed: a Sink of an older epoch is
@@ -187,6 +206,8 @@ func New(cfg Config) (*Index, error) {
 		maxPending:  cmp.Or(cfg.MaxPending, DefaultMaxPending),
 		maxReported: cmp.Or(cfg.MaxPendingHashes, DefaultMaxPendingHashes),
 		onOutcome:   cfg.OnOutcome,
+		pendingTTL:  cmp.Or(cfg.PendingTTL, DefaultPendingTTL),
+		now:         time.Now,
 		log:         cfg.Logger,
 		b:           b,
 		approx:      approx.New(),
@@ -335,6 +356,8 @@ func (x *Index) invalidate(ep *endpoint) {
 	ep.ops = nil
 	ep.qmu.Unlock()
 	ep.spare = nil
+	x.pendingN.Add(-int64(len(ep.pending)))
+	ep.pending = nil
 }
 
 // SetMode switches the endpoint to mode m, clearing its entries if that is
@@ -463,19 +486,85 @@ func (x *Index) applyOps(ep *endpoint) {
 	ep.qmu.Unlock()
 	// Ops are only queued in precise mode and dropped on leaving it, so
 	// the slot is the endpoint's.
+	confirmed := 0
 	for _, o := range ops {
 		switch o.kind {
 		case opAdd:
 			_ = x.b.Add(ep.slot, o.h, o.tier)
+			if o.tier == snapshot.TierGPU && x.settle(ep, o.h) {
+				confirmed++
+			}
 		case opRemove:
 			_ = x.b.Remove(ep.slot, o.h, o.tier)
+			if o.tier == snapshot.TierGPU {
+				x.settle(ep, o.h)
+			}
 		case opClear:
 			x.b.ClearEndpoint(ep.slot)
+			x.pendingN.Add(-int64(len(ep.pending)))
+			ep.pending = nil
 		}
 	}
 	x.m.ops.Add(float64(len(ops)))
+	x.m.pending.WithLabelValues("confirmed").Add(float64(confirmed))
 	ep.spare = ops[:0]
 	x.changed = true
+}
+
+// settle takes h out of the endpoint's pending set, where the engine's
+// own event now speaks for it, and reports whether it was there; x.mu is
+// held.
+func (x *Index) settle(ep *endpoint, h uint64) bool {
+	if _, ok := ep.pending[h]; !ok {
+		return false
+	}
+	delete(ep.pending, h)
+	x.pendingN.Add(-1)
+	return true
+}
+
+// addPending adds the blocks of a report naming precise endpoint ep that
+// its engine does not hold yet as pending, and renews those already
+// pending; x.mu is held. It returns how many it added. The pending set is
+// bounded by the endpoint's capacity.
+func (x *Index) addPending(ep *endpoint, hashes []uint64, now int64) int {
+	expires := now + int64(x.pendingTTL)
+	if ep.pending == nil {
+		ep.pending = make(map[uint64]int64)
+	}
+	added := 0
+	for _, h := range hashes {
+		if _, ok := ep.pending[h]; ok {
+			ep.pending[h] = expires
+			continue
+		}
+		if len(ep.pending) >= ep.capacity || x.b.Holds(ep.slot, h, snapshot.TierGPU) {
+			continue
+		}
+		_ = x.b.Add(ep.slot, h, snapshot.TierGPU)
+		ep.pending[h] = expires
+		added++
+	}
+	x.pendingN.Add(int64(added))
+	return added
+}
+
+// expirePending removes the pending blocks of ep that no event confirmed
+// in time; x.mu is held.
+func (x *Index) expirePending(ep *endpoint, now int64) {
+	expired := 0
+	for h, t := range ep.pending {
+		if t <= now {
+			_ = x.b.Remove(ep.slot, h, snapshot.TierGPU)
+			delete(ep.pending, h)
+			expired++
+		}
+	}
+	if expired > 0 {
+		x.pendingN.Add(-int64(expired))
+		x.m.pending.WithLabelValues("expired").Add(float64(expired))
+		x.changed = true
+	}
 }
 
 // Report queues a parsed batch of routing reports for the builder loop.
@@ -504,7 +593,8 @@ func (x *Index) applyReports() {
 	batches := x.reports
 	x.reports, x.rhashes = x.rspare[:0], 0
 	x.rmu.Unlock()
-	var applied, unknown, precise, outcomes, hashes, added, evicted int
+	var applied, unknown, precise, outcomes, hashes, added, evicted, pending int
+	now := x.now().UnixNano()
 	for i, bt := range batches {
 		for e := range bt.Records() {
 			if e.IsOutcome() {
@@ -519,7 +609,12 @@ func (x *Index) applyReports() {
 			case ep == nil:
 				unknown++
 				continue
+			case ep.mode != Approximate && x.pendingTTL < 0:
+				precise++
+				continue
 			case ep.mode != Approximate:
+				x.hashes = e.AppendHashes(x.hashes[:0])
+				pending += x.addPending(ep, x.hashes, now)
 				precise++
 				continue
 			}
@@ -543,10 +638,11 @@ func (x *Index) applyReports() {
 	m.records.WithLabelValues("unknown_endpoint").Add(float64(unknown))
 	m.records.WithLabelValues("outcome").Add(float64(outcomes))
 	m.records.WithLabelValues("precise_endpoint").Add(float64(precise))
+	m.pending.WithLabelValues("added").Add(float64(pending))
 	m.hashes.Add(float64(hashes))
 	m.added.Add(float64(added))
 	m.evicted.Add(float64(evicted))
-	if added+evicted > 0 {
+	if added+evicted+pending > 0 {
 		x.changed = true
 	}
 }
@@ -556,12 +652,20 @@ func (x *Index) applyReports() {
 func (x *Index) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	// Pending blocks expire without anything else changing: while there
+	// are some, the loop looks at them every second.
+	sweep := time.NewTicker(time.Second)
+	defer sweep.Stop()
 	x.signal() // the first build
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-x.wake:
+		case <-sweep.C:
+			if x.pendingN.Load() == 0 {
+				continue
+			}
 		}
 		if d := time.Until(x.lastBuildTime().Add(x.interval)); d > 0 {
 			timer.Reset(d)
@@ -590,9 +694,11 @@ func (x *Index) Publish() *snapshot.Image {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.applyReports()
+	now := x.now().UnixNano()
 	for _, ep := range x.eps {
 		if ep.mode == Precise {
 			x.applyOps(ep)
+			x.expirePending(ep, now)
 		}
 	}
 	if !x.changed {

@@ -162,12 +162,73 @@ func TestPrecise(t *testing.T) {
 	if got := read(t, x.Publish(), append(all, H(5))); !equalState(got, want) {
 		t.Fatalf("after Clear: got %v, want %v", got, want)
 	}
-	// Reports naming a precise endpoint do not touch its entries.
-	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(7, 8)}))
-	if got := read(t, x.Publish(), hs(7, 8)); len(got) != 0 {
-		t.Fatalf("a report polluted a precise endpoint: %v", got)
+}
+
+// TestPendingBlocks: a report naming a precise endpoint makes the blocks
+// its engine does not hold pending; the engine's events confirm them or
+// they expire, and a report can never remove or keep what the engine's
+// events say.
+func TestPendingBlocks(t *testing.T) {
+	x := newIndex(t, Config{PendingTTL: 10 * time.Second})
+	clock := time.Unix(1_790_000_000, 0)
+	x.now = func() time.Time { return clock }
+	addEndpoints(t, x, 2, Precise)
+	a := sink(t, x, addr(0))
+	a.Add(H(1), snapshot.TierGPU) // the engine holds 1
+	a.Add(H(2), snapshot.TierCPU) // and 2 on the CPU only
+	x.Publish()
+
+	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(1, 2, 3, 4)}))
+	all := hs(1, 2, 3, 4)
+	want := state{
+		H(1): {addr(0): snapshot.TierGPU},
+		H(2): {addr(0): snapshot.TierGPU}, // and still on the CPU
+		H(3): {addr(0): snapshot.TierGPU},
+		H(4): {addr(0): snapshot.TierGPU},
 	}
-	if got := value(x.m.records.WithLabelValues("precise_endpoint")); got != 1 {
+	if got := read(t, x.Publish(), all); !equalState(got, want) {
+		t.Fatalf("after the report: got %v, want %v", got, want)
+	}
+	// The engine stores 3 and drops 1; 2 and 4 never come.
+	a.Add(H(3), snapshot.TierGPU)
+	a.Remove(H(1), snapshot.TierGPU)
+	clock = clock.Add(5 * time.Second)
+	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(4)})) // renews 4
+	x.Publish()
+	clock = clock.Add(6 * time.Second) // 2 expires, 4 was renewed
+	want = state{H(2): {addr(0): snapshot.TierCPU}, H(3): {addr(0): snapshot.TierGPU}, H(4): {addr(0): snapshot.TierGPU}}
+	if got := read(t, x.Publish(), all); !equalState(got, want) {
+		t.Fatalf("after 11 s: got %v, want %v", got, want)
+	}
+	clock = clock.Add(5 * time.Second)
+	delete(want, H(4))
+	if got := read(t, x.Publish(), all); !equalState(got, want) {
+		t.Fatalf("after 16 s: got %v, want %v", got, want)
+	}
+	for outcome, n := range map[string]float64{"added": 3, "confirmed": 1, "expired": 2} {
+		if got := value(x.m.pending.WithLabelValues(outcome)); got != n {
+			t.Errorf("pending %s = %v, want %v", outcome, got, n)
+		}
+	}
+	if x.pendingN.Load() != 0 {
+		t.Errorf("%d blocks still counted pending", x.pendingN.Load())
+	}
+
+	// A cleared engine drops its pending blocks too; with pending blocks
+	// off, a report leaves a precise endpoint alone.
+	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(7)}))
+	x.Publish()
+	a.Clear()
+	if got := read(t, x.Publish(), hs(7)); len(got) != 0 || x.pendingN.Load() != 0 {
+		t.Errorf("after Clear: %v, %d pending", got, x.pendingN.Load())
+	}
+	off := newIndex(t, Config{PendingTTL: -1})
+	addEndpoints(t, off, 1, Precise)
+	off.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(7, 8)}))
+	if got := read(t, off.Publish(), hs(7, 8)); len(got) != 0 {
+		t.Fatalf("with pending blocks off, a report reached a precise endpoint: %v", got)
+	}
+	if got := value(off.m.records.WithLabelValues("precise_endpoint")); got != 1 {
 		t.Fatalf("precise_endpoint records = %v, want 1", got)
 	}
 }

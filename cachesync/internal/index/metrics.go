@@ -16,6 +16,7 @@ type metrics struct {
 	evicted   prometheus.Counter
 	ops       prometheus.Counter
 	stale     prometheus.Counter
+	pending   *prometheus.CounterVec
 
 	generation, entries, approxEntries, size, endpoints, queued *prometheus.Desc
 }
@@ -43,6 +44,10 @@ func newMetrics(x *Index) *metrics {
 		evicted: counter("approx_evicted_total", "Hashes evicted from approximate endpoints' sets to stay within capacity."),
 		ops:     counter("precise_changes_total", "Block changes applied from precise endpoints' KV events."),
 		stale:   counter("precise_stale_changes_total", "Block changes dropped because their endpoint had left precise mode or been removed."),
+		pending: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "pending_blocks_total",
+			Help: "Blocks routing reports said a precise endpoint was computing: added as pending, confirmed by its engine's events, or expired unconfirmed.",
+		}, []string{"outcome"}),
 
 		generation:    desc("snapshot_generation", "Generation of the latest snapshot."),
 		entries:       desc("index_entries", "Block hashes in the latest snapshot's prefix index."),
@@ -54,7 +59,7 @@ func newMetrics(x *Index) *metrics {
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.buildTime, m.records, m.hashes, m.added, m.evicted, m.ops, m.stale, m} {
+	for _, c := range []prometheus.Collector{m.buildTime, m.records, m.hashes, m.added, m.evicted, m.ops, m.stale, m.pending, m} {
 		if err := r.Register(c); err != nil {
 			return err
 		}
