@@ -45,6 +45,34 @@ var DefaultCostModel = CostModel{
 	CPULoadToken:     2.4e-6,
 }
 
+// A100CostModel is the same deployment on two A100 SXM 80 GB, scaled from
+// DefaultCostModel by the hardware ratios (no measured point backs it):
+// dense BF16 312 against 989 TFLOP/s (x3.17) for the per-token compute,
+// HBM2e 2.04 against 3.35 TB/s (x1.64) for the weight and KV reads, PCIe
+// Gen4 against Gen5 (~25 against ~55 GB/s, x2.2) for CPU-tier loads. It
+// prefills about 6,500 tokens/s at an 8,192-token budget, a third of the
+// H100 pair's.
+var A100CostModel = CostModel{
+	Step:             DefaultCostModel.Step * 1.64,
+	PrefillToken:     DefaultCostModel.PrefillToken * 3.17,
+	PrefillAttention: DefaultCostModel.PrefillAttention * 3.17,
+	DecodeSeq:        DefaultCostModel.DecodeSeq * 3.17,
+	DecodeContext:    DefaultCostModel.DecodeContext * 1.64,
+	CPULoadToken:     DefaultCostModel.CPULoadToken * 2.2,
+}
+
+// CostModelFor returns the cost model of an accelerator: "h100" (the
+// default) or "a100".
+func CostModelFor(accelerator string) (CostModel, error) {
+	switch accelerator {
+	case "h100", "":
+		return DefaultCostModel, nil
+	case "a100":
+		return A100CostModel, nil
+	}
+	return CostModel{}, fmt.Errorf("vllmsim: unknown accelerator %q (want h100 or a100)", accelerator)
+}
+
 func (m CostModel) validate() error {
 	for _, v := range []float64{m.Step, m.PrefillToken, m.PrefillAttention, m.DecodeSeq, m.DecodeContext, m.CPULoadToken} {
 		if !(v >= 0) {

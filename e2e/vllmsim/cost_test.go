@@ -51,3 +51,24 @@ func TestTTFTEstimate(t *testing.T) {
 		t.Errorf("warm %.3f, idle %.3f, decoding %.3f, queued %.3f: want that order", warm, idle, decoding, busy)
 	}
 }
+
+func TestCostModelFor(t *testing.T) {
+	h, err := CostModelFor("h100")
+	if err != nil || h != DefaultCostModel {
+		t.Fatalf("h100: %+v, %v", h, err)
+	}
+	a, err := CostModelFor("a100")
+	if err != nil || a.validate() != nil {
+		t.Fatalf("a100: %+v, %v", a, err)
+	}
+	// A third of the H100 pair's prefill rate, and slower decoding.
+	if got := a.PeakPrefill(8192); math.Abs(got-6500) > 200 {
+		t.Errorf("A100 R_peak = %.0f tokens/s, want about 6,500", got)
+	}
+	if a.Step+a.decode(4000) <= h.Step+h.decode(4000) {
+		t.Error("an A100 decode step is not slower than an H100's")
+	}
+	if _, err := CostModelFor("tpu"); err == nil {
+		t.Error("an unknown accelerator was accepted")
+	}
+}

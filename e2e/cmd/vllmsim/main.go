@@ -85,6 +85,11 @@ func run(args []string) error {
 	fs.StringVar(&cfg.HashSeed, "hash-seed", envOr("PYTHONHASHSEED", vllmsim.DefaultHashSeed), "simulator: NONE_HASH seed, as PYTHONHASHSEED")
 	fs.IntVar(&cfg.DefaultOutputTokens, "default-output-tokens", vllmsim.DefaultOutputTokens, "simulator: tokens a chat request without max_tokens generates")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "simulator: wall seconds per simulated second (0.1: ten times faster; 0: no pacing)")
+	fs.Func("accelerator", "simulator: h100 (default) or a100, the cost model the -cost-* flags then adjust; give it first", func(s string) error {
+		m, err := vllmsim.CostModelFor(s)
+		c = m
+		return err
+	})
 	fs.Float64Var(&c.Step, "cost-step", c.Step, "simulator: fixed seconds per engine step")
 	fs.Float64Var(&c.PrefillToken, "cost-prefill-token", c.PrefillToken, "simulator: seconds per prefill token")
 	fs.Float64Var(&c.PrefillAttention, "cost-prefill-attention", c.PrefillAttention, "simulator: seconds per (prefill token, earlier token) pair")
