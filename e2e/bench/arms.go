@@ -125,6 +125,12 @@ func startEnvoy(ctx context.Context, cfg *envoy.Config, dir string, command []st
 	}}, nil
 }
 
+// DecisionLog is the file in a kvroute arm's directory where Envoy logs
+// every request's decision header, to explain a run after the fact.
+const DecisionLog = "decisions.log"
+
+const decisionLogFormat = "%START_TIME(%s.%3f)% %RESPONSE_CODE% %RESP(X-KVROUTE-DECISION)%\n"
+
 func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tools, *pool, string) (*router, error) {
 	return func(ctx context.Context, t *Tools, p *pool, dir string) (*router, error) {
 		var spec []string
@@ -151,7 +157,7 @@ func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tool
 		wasm, err := filepath.Abs(t.Wasm)
 		if err == nil {
 			err = errors.Join(cfg.UseFreePorts(), cfg.SetEndpoints("engines", p.addrs()), cfg.SetEndpoints("cachesync", []string{addr}),
-				cfg.SetWasmCode("kvroute", wasm))
+				cfg.SetWasmCode("kvroute", wasm), cfg.AddAccessLog(filepath.Join(dir, DecisionLog), decisionLogFormat))
 		}
 		var pc map[string]any
 		if err == nil {
@@ -160,6 +166,7 @@ func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tool
 		if err == nil {
 			pc["endpoints"] = p.addrs()
 			pc["cachesync"] = map[string]any{"cluster": "cachesync", "report_token": reportToken}
+			pc["debug_header"] = true // for the decision log
 			if policy != nil {
 				pc["policy"] = policy
 			}

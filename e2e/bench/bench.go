@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -61,12 +62,18 @@ type Summary struct {
 
 // WorkloadResult is one workload's arms.
 type WorkloadResult struct {
-	Name        string      `json:"name"`
-	Description string      `json:"description"`
-	Scaling     string      `json:"scaling"`
-	SLOSeconds  float64     `json:"slo_ttft_p90_seconds"`
-	Arms        []ArmResult `json:"arms"`
+	Name        string  `json:"name"`
+	Description string  `json:"description"`
+	Scaling     string  `json:"scaling"`
+	SLOSeconds  float64 `json:"slo_ttft_p90_seconds"`
+	// Warmup describes the unreported first stage, "" if none.
+	Warmup string      `json:"warmup,omitempty"`
+	Arms   []ArmResult `json:"arms"`
 }
+
+// saturated is how many times the SLO a stage's TTFT p90 may reach before
+// the arm's ladder stops.
+const saturated = 5
 
 // ArmResult is one arm on one workload.
 type ArmResult struct {
@@ -75,10 +82,13 @@ type ArmResult struct {
 	Command []string `json:"command"`
 	// Valid is false when the engines fell behind their time scale (Lag
 	// past Options.MaxLag) or the run failed (Error).
-	Valid     bool             `json:"valid"`
-	Lag       float64          `json:"lag"`
-	Error     string           `json:"error,omitempty"`
-	Stages    []Stage          `json:"stages"`
+	Valid  bool    `json:"valid"`
+	Lag    float64 `json:"lag"`
+	Error  string  `json:"error,omitempty"`
+	Stages []Stage `json:"stages"`
+	// Stopped names the first stage not run because the arm had clearly
+	// saturated; "" if the whole ladder ran.
+	Stopped   string           `json:"stopped_before,omitempty"`
 	Knee      *Knee            `json:"knee"`
 	HitRate   float64          `json:"hit_rate"`
 	Decisions map[string]int64 `json:"decisions,omitempty"`
@@ -106,8 +116,8 @@ type Stage struct {
 	Preemptions float64 `json:"preemptions"`
 }
 
-// Knee is the highest stage whose TTFT p90 is within the SLO with every
-// request answered.
+// Knee is the highest stage of the unbroken run from the bottom of the
+// ladder whose TTFT p90 is within the SLO with every request answered.
 type Knee struct {
 	Stage     int     `json:"stage"`
 	Label     string  `json:"label"`
@@ -138,6 +148,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	for _, w := range o.Workloads {
 		wr := WorkloadResult{Name: w.Name, Description: w.Description, Scaling: w.Scaling, SLOSeconds: w.SLO.Seconds()}
+		if w.warmups() > 0 {
+			wr.Warmup = fmt.Sprintf("%d s at %g req/s", w.WarmupSeconds, w.WarmupRate)
+		}
 		arms := o.Arms[w.Name]
 		if arms == nil {
 			arms = o.Arms["*"]
@@ -217,51 +230,52 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 		return r
 	}
 
-	var mu sync.Mutex
-	before := map[int][]counters{}
-	after := map[int][]counters{}
-	var scrapeErr error
-	onStage := func(ev stageEvent) {
-		snap, err := p.snapshot()
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			scrapeErr = err
-			return
-		}
-		if ev.start {
-			before[ev.stage] = snap
-		} else {
-			after[ev.stage] = snap
-		}
-	}
 	p.resetLag()
-	if _, err := o.Client.run(ctx, w, rt.url, dir, o.StageSeconds, onStage); err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	r.Lag = p.lag()
-	if rt.decisions != nil {
-		r.Decisions = rt.decisions()
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if scrapeErr != nil {
-		r.Error = scrapeErr.Error()
-		return r
-	}
 	var hits, queries float64
-	for i := range w.stages() {
-		rep, err := readStage(dir, i)
+	misses := 0
+	for i := -w.warmups(); i < w.stages(); i++ {
+		sdir := filepath.Join(dir, "warmup")
+		if i >= 0 {
+			sdir = filepath.Join(dir, "stage-"+strconv.Itoa(i))
+		}
+		var mu sync.Mutex
+		var before, after []counters
+		var scrapeErr error
+		onStage := func(ev stageEvent) {
+			snap, err := p.snapshot()
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				scrapeErr = err
+			case ev.start:
+				before = snap
+			default:
+				after = snap
+			}
+		}
+		if _, err := o.Client.run(ctx, w, rt.url, sdir, i, o.StageSeconds, onStage); err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		if i < 0 {
+			continue
+		}
+		rep, err := readStage(sdir)
+		mu.Lock()
+		if err == nil {
+			err = scrapeErr
+		}
+		mu.Unlock()
 		if err != nil {
 			r.Error = err.Error()
 			return r
 		}
 		st := stageOf(w, i, rep)
-		if b, a := before[i], after[i]; b != nil && a != nil {
+		if before != nil && after != nil {
 			var sum counters
-			for j := range a {
-				d := a[j].minus(b[j])
+			for j := range after {
+				d := after[j].minus(before[j])
 				st.PerEngine = append(st.PerEngine, int(math.Round(d.success)))
 				sum.hits += d.hits
 				sum.queries += d.queries
@@ -277,6 +291,24 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 			queries += sum.queries
 		}
 		r.Stages = append(r.Stages, st)
+		logf(o.Log, "   %s: %.0f output tok/s, TTFT p90 %.2f s", st.Label, st.OutputTPS, st.TTFT.P90)
+		// Past the knee the client waits out ever longer queues: an arm
+		// stops after two stages in a row beyond the SLO, or one far
+		// beyond it.
+		if st.TTFT.P90 > w.SLO.Seconds() || st.SuccessRate < 0.99 {
+			misses++
+		} else {
+			misses = 0
+		}
+		if i+1 < w.stages() && (misses >= 2 || st.TTFT.P90 > saturated*w.SLO.Seconds()) {
+			r.Stopped = w.stageLabel(i + 1)
+			logf(o.Log, "   saturated: the ladder stops before %s", r.Stopped)
+			break
+		}
+	}
+	r.Lag = p.lag()
+	if rt.decisions != nil {
+		r.Decisions = rt.decisions()
 	}
 	if queries > 0 {
 		r.HitRate = hits / queries
@@ -308,16 +340,20 @@ func stageOf(w *Workload, i int, rep *stageReport) Stage {
 	return st
 }
 
+// knee is the last stage of the ladder's unbroken run from the bottom
+// within the SLO: a stage that recovers after one that missed does not
+// count, since the arm did not hold the lower load.
 func knee(w *Workload, stages []Stage) *Knee {
 	var k *Knee
 	for i, s := range stages {
-		if s.Requests > 0 && s.SuccessRate >= 0.99 && s.TTFT.P90 <= w.SLO.Seconds() {
-			load := s.Rate
-			if w.Concurrency != nil {
-				load = float64(s.Concurrency)
-			}
-			k = &Knee{Stage: i, Label: s.Label, Load: load, OutputTPS: s.OutputTPS}
+		if s.Requests == 0 || s.SuccessRate < 0.99 || s.TTFT.P90 > w.SLO.Seconds() {
+			break
 		}
+		load := s.Rate
+		if w.Concurrency != nil {
+			load = float64(s.Concurrency)
+		}
+		k = &Knee{Stage: i, Label: s.Label, Load: load, OutputTPS: s.OutputTPS}
 	}
 	return k
 }

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"sync"
 
 	"sigs.k8s.io/yaml"
@@ -23,22 +22,22 @@ type InferencePerf struct {
 	Tokenizer string // a local HuggingFace tokenizer directory
 }
 
-// stageEvent is a stage starting or ending, as inference-perf logs it.
+// stageEvent is a run's stage starting or ending, as inference-perf logs
+// it.
 type stageEvent struct {
-	stage int
 	start bool
 }
 
 var stageLine = regexp.MustCompile(`Stage (\d+) - run (started|completed)`)
 
-// run runs the workload against baseURL, writing inference-perf's reports
-// and log under dir, and calls onStage (from another goroutine) as each
-// stage starts and completes.
-func (c *InferencePerf) run(ctx context.Context, w *Workload, baseURL, dir string, stageSeconds int, onStage func(stageEvent)) ([]byte, error) {
+// run runs stage i of the workload (-1: its warm-up) against baseURL,
+// writing inference-perf's reports and log under dir, and calls onStage
+// (from another goroutine) as the stage starts and completes.
+func (c *InferencePerf) run(ctx context.Context, w *Workload, baseURL, dir string, i, stageSeconds int, onStage func(stageEvent)) ([]byte, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	cfg := w.config(Model, baseURL, c.Tokenizer, filepath.Join(dir, "reports"), stageSeconds)
+	cfg := w.config(Model, baseURL, c.Tokenizer, filepath.Join(dir, "reports"), i, stageSeconds)
 	b, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -66,8 +65,7 @@ func (c *InferencePerf) run(ctx context.Context, w *Workload, baseURL, dir strin
 			line := sc.Text()
 			fmt.Fprintln(logf, line)
 			if m := stageLine.FindStringSubmatch(line); m != nil {
-				n, _ := strconv.Atoi(m[1])
-				onStage(stageEvent{stage: n, start: m[2] == "started"})
+				onStage(stageEvent{start: m[2] == "started"})
 			}
 		}
 		io.Copy(io.Discard, pr)
@@ -118,14 +116,15 @@ type dist struct {
 	P99    float64 `json:"p99"`
 }
 
-func readStage(dir string, i int) (*stageReport, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "reports", "stage_"+strconv.Itoa(i)+"_lifecycle_metrics.json"))
+// readStage reads the report of the run in dir.
+func readStage(dir string) (*stageReport, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "reports", "stage_0_lifecycle_metrics.json"))
 	if err != nil {
-		return nil, fmt.Errorf("bench: inference-perf wrote no report for stage %d: %w", i, err)
+		return nil, fmt.Errorf("bench: inference-perf wrote no report in %s: %w", dir, err)
 	}
 	var r stageReport
 	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("bench: stage %d report: %w", i, err)
+		return nil, fmt.Errorf("bench: report in %s: %w", dir, err)
 	}
 	return &r, nil
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -23,7 +24,16 @@ type EngineConfig struct {
 	Count     int
 	GPUBlocks int
 	TimeScale float64
+	// Accelerator names the engines' cost model (vllmsim.CostModelFor):
+	// "a100" by default, the bench's; "h100" for vllmsim's default.
+	Accelerator string
 }
+
+// DefaultAccelerator is the bench's engines' cost model. On this machine
+// kind the client offers at most about 56 requests/s; engines a third as
+// fast as the H100 pair put every arm's knee, the oracle's included, below
+// that, so the ladder can pass them all.
+const DefaultAccelerator = "a100"
 
 // pool is one arm's fresh engines.
 type pool struct {
@@ -35,10 +45,14 @@ type pool struct {
 
 func startPool(ctx context.Context, cfg EngineConfig) (*pool, error) {
 	p := &pool{scale: cfg.TimeScale}
+	cost, err := vllmsim.CostModelFor(cmp.Or(cfg.Accelerator, DefaultAccelerator))
+	if err != nil {
+		return nil, err
+	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for range cfg.Count {
 		e, err := vllmsim.Start(ctx, vllmsim.Config{
-			Host: "127.0.0.1", Model: Model, NumGPUBlocks: cfg.GPUBlocks, TimeScale: cfg.TimeScale,
+			Host: "127.0.0.1", Model: Model, NumGPUBlocks: cfg.GPUBlocks, TimeScale: cfg.TimeScale, Cost: cost,
 			EnablePromptTokensDetails: true, Logger: quiet,
 			// Publishers that bind (a wildcard port), as vLLM's default
 			// endpoint does; cachesync connects.

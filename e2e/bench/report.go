@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"image/color"
 	"path/filepath"
@@ -33,8 +34,8 @@ func markdown(s *Summary) string {
 	p("# kvroute bench")
 	p("")
 	p("Generated %s by `%s` on %s.", s.Generated.Format("2006-01-02 15:04 UTC"), s.Command, s.Machine)
-	p("%d simulated engines (e2e/vllmsim: Qwen3-32B on two H100s by its cost model) of %d KV blocks of 16 tokens, fresh for every arm,",
-		s.Engines.Count, s.Engines.GPUBlocks)
+	p("%d simulated engines (e2e/vllmsim: Qwen3-32B on two %s by its cost model) of %d KV blocks of 16 tokens, fresh for every arm,",
+		s.Engines.Count, strings.ToUpper(cmp.Or(s.Engines.Accelerator, DefaultAccelerator))+"s", s.Engines.GPUBlocks)
 	p("at time scale %g (wall seconds per simulated second; every time below is both); stages of %d s.", s.Engines.TimeScale, s.StageSeconds)
 	p("An arm whose engines fell more than %.0f%% behind their clock is marked invalid and not reported.", 100*s.MaxLag)
 	var names []string
@@ -90,7 +91,7 @@ func headline(b *strings.Builder, w *WorkloadResult) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format+"\n", args...) }
 	p("## Headline: b2b-saas")
 	p("")
-	p("The knee is the highest load whose TTFT p90 stays within %.1f s with every request answered; throughput is output tokens/s there.", w.SLOSeconds)
+	p("The knee is the highest load up to which every stage's TTFT p90 stays within %.1f s with every request answered; throughput is output tokens/s there.", w.SLOSeconds)
 	p("")
 	p("| arm | knee | output tok/s at the knee | %s knee ratio | %s throughput ratio | prefix-cache hit |", headlineArm, headlineArm)
 	p("|---|---|---|---|---|---|")
@@ -254,6 +255,10 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 	p("## %s", w.Name)
 	p("")
 	p("%s. Scaling: %s. SLO: TTFT p90 within %.1f s.", w.Description, w.Scaling, w.SLOSeconds)
+	if w.Warmup != "" {
+		p("Every arm first warms its cold engines up for %s (each prefix's first request is a full prefill whatever the router); that stage is not reported.", w.Warmup)
+	}
+	p("Each stage is its own inference-perf run on the same engines; an arm's ladder stops after two stages in a row beyond the SLO, or one beyond %dx it (the client waits for every request, and queues past the knee only grow): its later cells read \"stopped\".", saturated)
 	p("")
 	p("![throughput](%s) ![TTFT p90](%s) ![hit rate](%s)", w.Name+"-throughput.png", w.Name+"-ttft-p90.png", w.Name+"-hit-rate.png")
 	p("")
@@ -277,9 +282,12 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 				continue
 			}
 			cells := make([]string, len(labels))
-			for i := range a.Stages {
-				if i < len(cells) {
+			for i := range cells {
+				switch {
+				case i < len(a.Stages):
 					cells[i] = cell(&a.Stages[i])
+				case a.Stopped != "":
+					cells[i] = "stopped"
 				}
 			}
 			p("| %s | %s |", a.Name, strings.Join(cells, " | "))

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -28,7 +30,8 @@ func TestSmokeKvrouteAboveRoundRobin(t *testing.T) {
 		t.Fatal(err)
 	}
 	tools := Tools{EnvoyYAML: "../../envoy.yaml", Wasm: wasm} // cachesync in this process
-	res, err := Smoke(t.Context(), tools, []*Arm{rr, kv}, 15*time.Second, t.TempDir())
+	dir := t.TempDir()
+	res, err := Smoke(t.Context(), tools, []*Arm{rr, kv}, 15*time.Second, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,5 +45,13 @@ func TestSmokeKvrouteAboveRoundRobin(t *testing.T) {
 	if res[1].OutputTPS <= res[0].OutputTPS || res[1].HitRate <= res[0].HitRate {
 		t.Errorf("kvroute %.0f tok/s at %.1f%% hits, round robin %.0f tok/s at %.1f%%: want kvroute above on both",
 			res[1].OutputTPS, 100*res[1].HitRate, res[0].OutputTPS, 100*res[0].HitRate)
+	}
+	// Envoy logged every kvroute decision.
+	log, err := os.ReadFile(filepath.Join(dir, kv.Name, DecisionLog))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), "reason="); n < res[1].Requests {
+		t.Errorf("the decision log holds %d decisions for %d requests:\n%.500s", n, res[1].Requests, log)
 	}
 }

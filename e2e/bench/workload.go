@@ -26,6 +26,21 @@ type Workload struct {
 	SessionHeader string
 	// SLO is the TTFT p90 a stage must stay within to count for the knee.
 	SLO time.Duration
+	// WarmupRate, when set, runs a first Poisson stage at this rate, of
+	// WarmupSeconds, that is not reported: every arm starts from cold
+	// engines, and the first request of each prefix is a full prefill
+	// whatever the router, which would otherwise decide the first stage's
+	// TTFT p90.
+	WarmupRate    float64
+	WarmupSeconds int
+}
+
+// warmups is how many unreported runs come before the ladder.
+func (w *Workload) warmups() int {
+	if w.WarmupRate > 0 {
+		return 1
+	}
+	return 0
 }
 
 // stageLabel names stage i: its rate or its concurrency.
@@ -43,23 +58,29 @@ func (w *Workload) stages() int {
 	return len(w.Rates)
 }
 
-// config returns inference-perf's configuration for the workload against
-// baseURL, with reports written under out.
-func (w *Workload) config(model, baseURL, tokenizer, out string, stageSeconds int) map[string]any {
-	load := map[string]any{"num_workers": 2, "worker_max_concurrency": 256, "interval": 1}
-	var stages []any
-	if w.Concurrency != nil {
-		load["type"] = "concurrent"
-		for _, c := range w.Concurrency {
-			stages = append(stages, map[string]any{"num_requests": w.Requests, "concurrency_level": c})
-		}
-	} else {
-		load["type"] = "poisson"
-		for _, r := range w.Rates {
-			stages = append(stages, map[string]any{"rate": r, "duration": stageSeconds})
-		}
+// run is one inference-perf run of the workload: its warm-up (stage -1)
+// or one stage of its ladder. The bench runs them one after another on the
+// same engines, so that it can stop an arm's ladder once the arm has
+// clearly saturated: the client waits for every request of a stage, and an
+// arm far past its knee would spend the rest of the bench draining queues.
+func (w *Workload) stage(i, stageSeconds int) map[string]any {
+	switch {
+	case i < 0:
+		return map[string]any{"rate": w.WarmupRate, "duration": w.WarmupSeconds}
+	case w.Concurrency != nil:
+		return map[string]any{"num_requests": w.Requests, "concurrency_level": w.Concurrency[i]}
 	}
-	load["stages"] = stages
+	return map[string]any{"rate": w.Rates[i], "duration": stageSeconds}
+}
+
+// config returns inference-perf's configuration for stage i of the workload
+// (-1: the warm-up) against baseURL, with reports written under out.
+func (w *Workload) config(model, baseURL, tokenizer, out string, i, stageSeconds int) map[string]any {
+	load := map[string]any{"num_workers": 2, "worker_max_concurrency": 256, "interval": 1, "type": "poisson"}
+	if w.Concurrency != nil && i >= 0 {
+		load["type"] = "concurrent"
+	}
+	load["stages"] = []any{w.stage(i, stageSeconds)}
 	api := map[string]any{"type": "completion", "streaming": true}
 	if w.SessionHeader != "" {
 		api["session_id_header_key"] = w.SessionHeader
@@ -103,8 +124,10 @@ var Workloads = []*Workload{
 		Scaling: "llm-d's b2b-saas is 150 groups x 5 on 8 pods of 307k KV tokens (prefixes 37% of the pool's KV); " +
 			"16 groups on 4 pods of 65.5k keep 37%, with the same prompt and question lengths",
 		Data:  sharedPrefix(16, 5, 6000, 1200, spread(100, 200), false),
-		Rates: []float64{4, 8, 12, 16, 20, 24, 30, 36},
+		Rates: []float64{8, 16, 24, 32, 40, 48, 56},
 		SLO:   2 * time.Second,
+		// 60 draws of 80 prompts: every group has come up with odds of 98%.
+		WarmupRate: 2, WarmupSeconds: 30,
 	},
 	{
 		Name:          "multi-turn",

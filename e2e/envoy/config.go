@@ -191,6 +191,28 @@ func (c *Config) RemoveWasmFilters() error {
 	return nil
 }
 
+// AddAccessLog makes every HTTP connection manager append one line per
+// request to the file at path, in Envoy's text format (e.g.
+// "%RESP(X-KVROUTE-DECISION)%\n").
+func (c *Config) AddAccessLog(path, format string) error {
+	chains, err := c.httpFilterChains()
+	if err != nil {
+		return err
+	}
+	for _, hcm := range chains {
+		logs, _ := hcm["access_log"].([]any)
+		hcm["access_log"] = append(logs, map[string]any{
+			"name": "envoy.access_loggers.file",
+			"typed_config": map[string]any{
+				"@type":      "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+				"path":       path,
+				"log_format": map[string]any{"text_format_source": map[string]any{"inline_string": format}},
+			},
+		})
+	}
+	return nil
+}
+
 // plugin finds the PluginConfig of the Wasm HTTP filter named plugin.
 func (c *Config) plugin(name string) (map[string]any, error) {
 	chains, err := c.httpFilterChains()

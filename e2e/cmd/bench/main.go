@@ -39,6 +39,7 @@ func main() {
 		rates        = flag.String("rates", "", "comma-separated Poisson rates replacing every selected workload's ladder")
 		stageSeconds = flag.Int("stage-seconds", 20, "seconds per Poisson stage")
 		engines      = flag.Int("engines", 4, "simulated engines")
+		accelerator  = flag.String("accelerator", bench.DefaultAccelerator, "the engines' cost model: a100 or h100 (Qwen3-32B, TP=2)")
 		gpuBlocks    = flag.Int("gpu-blocks", 4096, "KV blocks of 16 tokens per engine")
 		timeScale    = flag.Float64("time-scale", 1, "wall seconds per simulated second")
 		maxLag       = flag.Float64("max-lag", 0.05, "largest simulated-clock lag an arm may show and count")
@@ -59,7 +60,7 @@ func main() {
 	}
 	if err == nil {
 		o.StageSeconds = *stageSeconds
-		o.Engines = bench.EngineConfig{Count: *engines, GPUBlocks: *gpuBlocks, TimeScale: *timeScale}
+		o.Engines = bench.EngineConfig{Count: *engines, GPUBlocks: *gpuBlocks, TimeScale: *timeScale, Accelerator: *accelerator}
 		o.MaxLag = *maxLag
 		o.Command = "go run ./e2e/cmd/bench " + strings.Join(os.Args[1:], " ")
 		o.Log = os.Stdout

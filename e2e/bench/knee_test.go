@@ -1,0 +1,34 @@
+package bench
+
+import (
+	"testing"
+	"time"
+)
+
+func TestKnee(t *testing.T) {
+	w := &Workload{SLO: 2 * time.Second}
+	stage := func(rate, p90, success float64) Stage {
+		return Stage{Rate: rate, Requests: 100, SuccessRate: success, TTFT: dist{P90: p90}, OutputTPS: 10 * rate}
+	}
+	for _, tt := range []struct {
+		name   string
+		stages []Stage
+		want   float64 // 0: none
+	}{
+		{"all within", []Stage{stage(4, 0.1, 1), stage(8, 0.5, 1), stage(16, 1.9, 1)}, 16},
+		{"the last misses", []Stage{stage(4, 0.1, 1), stage(8, 0.5, 1), stage(16, 2.5, 1)}, 8},
+		{"a recovery after a miss does not count", []Stage{stage(4, 0.1, 1), stage(8, 3, 1), stage(16, 0.2, 1)}, 4},
+		{"failures count as a miss", []Stage{stage(4, 0.1, 1), stage(8, 0.1, 0.95)}, 4},
+		{"the first misses", []Stage{stage(4, 2.1, 1), stage(8, 0.1, 1)}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			k := knee(w, tt.stages)
+			switch {
+			case tt.want == 0 && k != nil:
+				t.Errorf("knee %+v, want none", k)
+			case tt.want != 0 && (k == nil || k.Load != tt.want || k.OutputTPS != 10*tt.want):
+				t.Errorf("knee %+v, want %v req/s", k, tt.want)
+			}
+		})
+	}
+}
