@@ -116,6 +116,15 @@ type Stage struct {
 	Preemptions float64 `json:"preemptions"`
 }
 
+// load is the stage's offered load: its Poisson rate, or its concurrency
+// on a closed-loop ladder.
+func (s *Stage) load() float64 {
+	if s.Concurrency > 0 {
+		return float64(s.Concurrency)
+	}
+	return s.Rate
+}
+
 // Knee is the highest stage of the unbroken run from the bottom of the
 // ladder whose TTFT p90 is within the SLO with every request answered.
 type Knee struct {
@@ -177,6 +186,20 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		}
 	}
 	return s, nil
+}
+
+// Render rewrites the report and the plots in dir from its summary.json:
+// a change to the report needs no new run.
+func Render(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		return err
+	}
+	var s Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("bench: %s: %w", filepath.Join(dir, "summary.json"), err)
+	}
+	return s.write(dir, WorkloadResult{})
 }
 
 // write saves summary.json, the report and the plots, with the workload in
@@ -349,11 +372,7 @@ func knee(w *Workload, stages []Stage) *Knee {
 		if s.Requests == 0 || s.SuccessRate < 0.99 || s.TTFT.P90 > w.SLO.Seconds() {
 			break
 		}
-		load := s.Rate
-		if w.Concurrency != nil {
-			load = float64(s.Concurrency)
-		}
-		k = &Knee{Stage: i, Label: s.Label, Load: load, OutputTPS: s.OutputTPS}
+		k = &Knee{Stage: i, Label: s.Label, Load: s.load(), OutputTPS: s.OutputTPS}
 	}
 	return k
 }

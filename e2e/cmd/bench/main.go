@@ -44,6 +44,7 @@ func main() {
 		timeScale    = flag.Float64("time-scale", 1, "wall seconds per simulated second")
 		maxLag       = flag.Float64("max-lag", 0.05, "largest simulated-clock lag an arm may show and count")
 		venvs        = flag.String("venvs", "build/bench", "directory of the virtualenvs make bench-setup makes")
+		render       = flag.Bool("render", false, "rewrite the report and plots in -out from its summary.json, running nothing")
 		tokenizer    = flag.String("tokenizer", "build/bench/tokenizer", "HuggingFace tokenizer directory (written if missing)")
 		cachesync    = flag.String("cachesync", "build/cachesync", "cachesync binary")
 		wasm         = flag.String("wasm", "build/kvroute.wasm", "the filter module")
@@ -52,6 +53,14 @@ func main() {
 		costRounds   = flag.Int("filter-cost-rounds", 5, "interleaved rounds of the filter-cost measurement")
 	)
 	flag.Parse()
+	if *render {
+		if err := bench.Render(*out); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("report: %s\n", filepath.Join(*out, "README.md"))
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o, err := options(*out, *workloads, *arms, *quick, *venvs, *tokenizer, *cachesync, *wasm)

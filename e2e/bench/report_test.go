@@ -1,0 +1,91 @@
+package bench
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ladder builds an arm's stages at the given rates and TTFT p90s (p99 is
+// twice the p90), with its knee as the bench computes it.
+func ladder(name string, rates, p90s []float64) ArmResult {
+	a := ArmResult{Name: name, Valid: true}
+	for i, r := range rates {
+		a.Stages = append(a.Stages, Stage{Label: strconv.FormatFloat(r, 'f', -1, 64) + " req/s", Rate: r,
+			Requests: 100, SuccessRate: 1, OutputTPS: 100 * r, TTFT: dist{P90: p90s[i], P99: 2 * p90s[i]}})
+	}
+	a.Knee = knee(&Workload{SLO: 2 * time.Second}, a.Stages)
+	return a
+}
+
+func TestTargets(t *testing.T) {
+	rates := []float64{8, 16, 24, 32, 40}
+	s := &Summary{Workloads: []WorkloadResult{
+		{Name: "b2b-saas", SLOSeconds: 2, Arms: []ArmResult{
+			ladder("envoy-round-robin", rates[:1], []float64{12}),
+			ladder(headlineArm, rates, []float64{0.3, 0.1, 0.1, 0.5, 0.7}),
+			ladder("sglang-router", rates, []float64{0.2, 0.1, 0.1, 0.1, 3}),
+			ladder("oracle", rates, []float64{0.1, 0.1, 0.1, 0.1, 0.2}),
+		}},
+		{Name: "hot-prefix", SLOSeconds: 2, Arms: []ArmResult{
+			ladder(headlineArm, rates, []float64{0.1, 0.2, 0.3, 0.4, 5}),
+			ladder("kvroute-sticky", rates[:3], []float64{0.3, 3, 12}),
+		}},
+	}}
+	var b strings.Builder
+	targets(&b, s)
+	report := b.String()
+	for _, want := range []string{
+		// Round robin has no knee: its knee is below 8 req/s, so 40 is
+		// more than 5x it, a bound, not infinity.
+		"**met**: b2b-saas knee at least 3x round robin's with TTFT p90 no worse at every rate: more than 5.00x",
+		"**met**: b2b-saas knee at least 1.2x sglang-router's: 1.25x",
+		"**met**: b2b-saas knee within 10% of the oracle's: 1.00x",
+		// Sticky stopped after 24 req/s: compared there, not at kvroute's
+		// 40 (5 s p90) against sticky's 24.
+		"**met**: hot-prefix TTFT p99 at most half of always-sticky's at 24 req/s, the highest rate both ran: 0.60 s against 24.00 s",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("targets lack %q:\n%s", want, report)
+		}
+	}
+
+	var h strings.Builder
+	headline(&h, &s.Workloads[0])
+	if !strings.Contains(h.String(), "| envoy-round-robin | below the first stage |  | > 5.00x |") {
+		t.Errorf("headline does not bound round robin's ratio:\n%s", h.String())
+	}
+}
+
+func TestRender(t *testing.T) {
+	dir := t.TempDir()
+	s := &Summary{Command: "go run ./e2e/cmd/bench -test", Workloads: []WorkloadResult{{Name: "b2b-saas", SLOSeconds: 2,
+		Arms: []ArmResult{ladder(headlineArm, []float64{8, 16}, []float64{0.2, 0.4})}}}}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "summary.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Render(dir); err != nil {
+		t.Fatal(err)
+	}
+	report, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(report), "`go run ./e2e/cmd/bench -test`") || !strings.Contains(string(report), "| kvroute-precise | 16 req/s | 1600 |") {
+		t.Errorf("rendered report lacks the run's command or knee:\n%s", report)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "summary.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Render(dir); err == nil || !strings.Contains(err.Error(), "summary.json") {
+		t.Errorf("Render of a corrupt summary: %v, want an error naming the file", err)
+	}
+}
