@@ -58,6 +58,45 @@ type Summary struct {
 	MaxLag       float64           `json:"max_lag"`
 	FilterCost   *FilterCost       `json:"filter_cost,omitempty"`
 	Workloads    []WorkloadResult  `json:"workloads"`
+	// Reruns are later runs whose arms replaced this run's (Merge).
+	Reruns []Rerun `json:"reruns,omitempty"`
+}
+
+// Rerun records a run merged into a summary.
+type Rerun struct {
+	Generated time.Time `json:"generated"`
+	Command   string    `json:"command"`
+	Arms      []string  `json:"arms"` // workload/arm
+}
+
+// Merge puts src's arms into s, replacing the arms of the same workload and
+// name, and records src's run. Every arm starts on fresh engines with the
+// same workload and seed, so arms of two runs compare as arms of one do;
+// both runs must have used the same engines and stages.
+func (s *Summary) Merge(src *Summary) error {
+	if src.Engines != s.Engines || src.StageSeconds != s.StageSeconds {
+		return fmt.Errorf("bench: cannot merge a run of engines %+v and %d s stages into one of %+v and %d s",
+			src.Engines, src.StageSeconds, s.Engines, s.StageSeconds)
+	}
+	r := Rerun{Generated: src.Generated, Command: src.Command}
+	for _, w := range src.Workloads {
+		i := slices.IndexFunc(s.Workloads, func(d WorkloadResult) bool { return d.Name == w.Name })
+		if i < 0 {
+			s.Workloads = append(s.Workloads, WorkloadResult{Name: w.Name, Description: w.Description, Scaling: w.Scaling, SLOSeconds: w.SLOSeconds, Warmup: w.Warmup})
+			i = len(s.Workloads) - 1
+		}
+		dst := &s.Workloads[i]
+		for _, a := range w.Arms {
+			r.Arms = append(r.Arms, w.Name+"/"+a.Name)
+			if j := slices.IndexFunc(dst.Arms, func(d ArmResult) bool { return d.Name == a.Name }); j >= 0 {
+				dst.Arms[j] = a
+			} else {
+				dst.Arms = append(dst.Arms, a)
+			}
+		}
+	}
+	s.Reruns = append(s.Reruns, r)
+	return nil
 }
 
 // WorkloadResult is one workload's arms.
@@ -188,18 +227,38 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	return s, nil
 }
 
-// Render rewrites the report and the plots in dir from its summary.json:
-// a change to the report needs no new run.
-func Render(dir string) error {
-	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+// Render rewrites the report and the plots in dir from its summary.json,
+// after merging in the arms of each run in merge (their directories): a
+// change to the report needs no new run, and arms re-run after a change
+// replace their old figures.
+func Render(dir string, merge ...string) error {
+	s, err := readSummary(dir)
 	if err != nil {
 		return err
 	}
-	var s Summary
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("bench: %s: %w", filepath.Join(dir, "summary.json"), err)
+	for _, m := range merge {
+		src, err := readSummary(m)
+		if err != nil {
+			return err
+		}
+		if err := s.Merge(src); err != nil {
+			return err
+		}
 	}
 	return s.write(dir, WorkloadResult{})
+}
+
+func readSummary(dir string) (*Summary, error) {
+	path := filepath.Join(dir, "summary.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var s Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("bench: %s: %w", path, err)
+	}
+	return &s, nil
 }
 
 // write saves summary.json, the report and the plots, with the workload in

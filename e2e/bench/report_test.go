@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -87,5 +88,38 @@ func TestRender(t *testing.T) {
 	}
 	if err := Render(dir); err == nil || !strings.Contains(err.Error(), "summary.json") {
 		t.Errorf("Render of a corrupt summary: %v, want an error naming the file", err)
+	}
+}
+
+func TestMerge(t *testing.T) {
+	engines := EngineConfig{Count: 4, GPUBlocks: 4096, TimeScale: 1, Accelerator: "a100"}
+	old := ladder(headlineArm, []float64{8, 16}, []float64{0.2, 3})
+	s := &Summary{Command: "first", Engines: engines, StageSeconds: 15, Workloads: []WorkloadResult{{Name: "b2b-saas", SLOSeconds: 2,
+		Arms: []ArmResult{ladder("envoy-round-robin", []float64{8}, []float64{9}), old}}}}
+	rerun := ladder(headlineArm, []float64{8, 16}, []float64{0.2, 0.3})
+	src := &Summary{Command: "second", Engines: engines, StageSeconds: 15, Workloads: []WorkloadResult{
+		{Name: "b2b-saas", SLOSeconds: 2, Arms: []ArmResult{rerun}},
+		{Name: "hot-prefix", SLOSeconds: 2, Arms: []ArmResult{ladder("kvroute-sticky", []float64{4}, []float64{1})}},
+	}}
+	if err := s.Merge(src); err != nil {
+		t.Fatal(err)
+	}
+	b2b := s.Workloads[0]
+	if len(b2b.Arms) != 2 || b2b.Arms[0].Name != "envoy-round-robin" || b2b.Arms[1].Knee == nil || b2b.Arms[1].Knee.Load != 16 {
+		t.Errorf("b2b-saas after the merge: %+v; want round robin kept and kvroute's arm replaced (knee 16)", b2b.Arms)
+	}
+	if len(s.Workloads) != 2 || s.Workloads[1].Name != "hot-prefix" || len(s.Workloads[1].Arms) != 1 {
+		t.Errorf("workloads after the merge: %+v; want hot-prefix added", s.Workloads)
+	}
+	if len(s.Reruns) != 1 || s.Reruns[0].Command != "second" || !slices.Equal(s.Reruns[0].Arms, []string{"b2b-saas/" + headlineArm, "hot-prefix/kvroute-sticky"}) {
+		t.Errorf("reruns %+v", s.Reruns)
+	}
+	if !strings.Contains(markdown(s), "Re-run 0001-01-01 00:00 UTC by `second`") {
+		t.Errorf("the report does not say which arms were re-run:\n%s", markdown(s))
+	}
+	other := *src
+	other.Engines.Accelerator = "h100"
+	if err := s.Merge(&other); err == nil {
+		t.Error("merged a run on other engines")
 	}
 }

@@ -45,6 +45,7 @@ func main() {
 		maxLag       = flag.Float64("max-lag", 0.05, "largest simulated-clock lag an arm may show and count")
 		venvs        = flag.String("venvs", "build/bench", "directory of the virtualenvs make bench-setup makes")
 		render       = flag.Bool("render", false, "rewrite the report and plots in -out from its summary.json, running nothing")
+		merge        = flag.String("merge", "", "with -render: comma-separated results directories whose arms replace the same arms in -out")
 		tokenizer    = flag.String("tokenizer", "build/bench/tokenizer", "HuggingFace tokenizer directory (written if missing)")
 		cachesync    = flag.String("cachesync", "build/cachesync", "cachesync binary")
 		wasm         = flag.String("wasm", "build/kvroute.wasm", "the filter module")
@@ -54,7 +55,7 @@ func main() {
 	)
 	flag.Parse()
 	if *render {
-		if err := bench.Render(*out); err != nil {
+		if err := bench.Render(*out, split(*merge)...); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
@@ -112,7 +113,7 @@ func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesyn
 		}
 		if quick {
 			q := *w
-			q.Rates = []float64{8, 16, 24, 32}
+			q.Rates = []float64{8, 24, 40, 48} // light load, and around the knees of the good arms
 			w = &q
 		}
 		o.Workloads = append(o.Workloads, w)
