@@ -270,7 +270,6 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 	// Loops range over slices of length n so that Go can drop the bounds
 	// checks, which cost more than the work in Wasm.
 	cands := p.cands[:n]
-	match := p.match[:n]
 	for i := range cands {
 		c := &cands[i]
 		*c = cand{}
@@ -278,17 +277,11 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		if e.Vacant() || e.Health() != snapshot.HealthHealthy || (model >= 0 && !e.Serves(model)) {
 			continue
 		}
-		c.eligible = true
-		job.held = max(job.held, int(match[i].Blocks))
+		p.price(c, e, p.match[i], localOf(r, i), r.Stale, &job)
 		d.Eligible++
 	}
 	if d.Eligible == 0 {
 		return d
-	}
-	for i := range cands {
-		if c := &cands[i]; c.eligible {
-			p.price(c, m.Endpoint(i), match[i], localOf(r, i), r.Stale, &job)
-		}
 	}
 	pick, runner, meets := p.choose(cands, &job, r.Random)
 	c := &cands[pick]

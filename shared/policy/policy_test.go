@@ -194,25 +194,6 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonLeastLoad,
 		},
 		{
-			// 3 s of backlog against a 2 s cold prefill would release it,
-			// but the cold endpoint would hold a second copy of the prefix
-			// (2 s of someone's cache): the saving is not worth it.
-			name: "a held prefix is not copied to a cold endpoint with room for a second's saving",
-			eps:  []ep{{info: withCapacity(healthy(3*second), 10000), blocks: promptBlocks, gpu: promptBlocks}, {info: withCapacity(healthy(0), 10000)}},
-			want: []int{0}, reason: ReasonAffinity,
-		},
-		{
-			name: "a held prefix is copied once the load is worth a prefix's cache",
-			eps:  []ep{{info: withCapacity(healthy(5*second), 10000), blocks: promptBlocks, gpu: promptBlocks}, {info: withCapacity(healthy(0), 10000)}},
-			want: []int{1}, reason: ReasonSaturatedRelease,
-		},
-		{
-			name: "a copy of part of it: the blocks the warmer endpoint holds beyond this one's",
-			eps: []ep{{info: withCapacity(healthy(second/2), 10000), blocks: promptBlocks, gpu: promptBlocks},
-				{info: withCapacity(healthy(0), 10000), blocks: promptBlocks * 3 / 4, gpu: promptBlocks * 3 / 4}},
-			want: []int{0}, reason: ReasonAffinity,
-		},
-		{
 			name: "this gateway's own in-flight load counts",
 			eps:  []ep{cold(0), cold(0)},
 			req:  Request{Local: []Local{{PrefillTokens: 2 * second, Requests: 3}}},

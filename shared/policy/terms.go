@@ -15,7 +15,6 @@ type job struct {
 	blockTokens float64
 	sloTTFT     float64 // seconds; 0 none
 	sloTPOT     float64
-	held        int // the most of its blocks any eligible endpoint holds
 }
 
 func (p *Picker) job(m *snapshot.Manifest, r *Request) job {
@@ -73,9 +72,7 @@ type cand struct {
 // eviction prices the cached blocks the request's new blocks would push
 // out: their prefill time times how full the endpoint's cache is, so that
 // a prefix nobody holds goes where there is room, and all of it once the
-// cache would overflow. Blocks another endpoint holds count in full: a
-// second copy of a prefix costs the pool a prefix's worth of cache, which
-// only a load worth that much should pay for.
+// cache would overflow.
 func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, local Local, stale bool, j *job) {
 	cfg := &p.cfg
 	c.eligible = true
@@ -103,15 +100,9 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, local Lo
 	if capacity := float64(e.IndexCapacity()); capacity > 0 {
 		held := float64(e.IndexBlocks())
 		added := float64(j.blocks - int(mt.Blocks))
-		// A block another endpoint holds already is a copy: it adds
-		// nothing to what the pool has cached and displaces someone's
-		// blocks for as long as traffic keeps it warm, so it counts as
-		// evicting one even while this cache has room.
-		copied := float64(max(j.held-int(mt.Blocks), 0))
-		fresh := added - copied
 		// Each new block evicts with the odds of a full cache, and surely
 		// once the cache overflows; never more than the blocks it adds.
-		evicted := copied + min(fresh, max(fresh*min(held/capacity, 1), held+added-capacity))
+		evicted := min(added, max(added*min(held/capacity, 1), held+added-capacity))
 		c.evict = evicted * j.blockTokens / rate
 	}
 
