@@ -25,6 +25,18 @@ const Forget = 0.998
 // priorWeight is how many samples' worth the prior counts for.
 const priorWeight = 4
 
+// The prior weighs on each coefficient as if its feature spread at least
+// this much (a standard deviation, in the feature's unit): a fit is used
+// at loads far from those it has seen, and data that barely varies a term
+// must not set its slope. Observed on the A100 cost model: a warm-up's
+// ITL samples at batches of 1 to 3 fitted 15 ms per running request (the
+// truth is about 0.6 ms), which the policy read as a reason to leave
+// every warm engine.
+var (
+	ttftSpread = [predict.NumTTFT]float64{0, 1000, 4, 2} // intercept (free), tokens, running, waiting
+	itlSpread  = [predict.NumITL]float64{0, 16}          // intercept (free), running
+)
+
 // system is the decayed normal equations of one fit, of at most
 // predict.NumTTFT unknowns.
 type system struct {
@@ -81,14 +93,14 @@ func (m *Model) Fit(prior predict.Model) predict.Model {
 	for i, c := range prior.TTFTCoef {
 		p5[i] = float64(c)
 	}
-	for i, c := range m.ttft.solve(p5[:], predict.NumTTFT) {
+	for i, c := range m.ttft.solve(p5[:], ttftSpread[:]) {
 		out.TTFTCoef[i] = float32(c)
 	}
 	var p3 [predict.NumTTFT]float64
 	for i, c := range prior.ITLCoef {
 		p3[i] = float64(c)
 	}
-	for i, c := range m.itl.solve(p3[:predict.NumITL], predict.NumITL) {
+	for i, c := range m.itl.solve(p3[:predict.NumITL], itlSpread[:]) {
 		out.ITLCoef[i] = float32(c)
 	}
 	out.TTFTSamples, out.ITLSamples = m.ttft.samples, m.itl.samples
@@ -96,11 +108,13 @@ func (m *Model) Fit(prior predict.Model) predict.Model {
 }
 
 // solve minimises Σ w (y - x·β)² + μ Σ_j v_j (β_j - prior_j)² over β >= 0,
-// where v_j is feature j's variance, so the prior weighs like priorWeight
-// samples whatever the feature's scale, and counts only where the samples
-// do not pin the coefficient down: along a feature with a large mean and
-// little spread, the mean square would let the prior outweigh the data.
-func (s *system) solve(prior []float64, n int) []float64 {
+// where v_j is feature j's variance or spread_j², whichever is larger, so
+// the prior weighs like priorWeight samples whatever the feature's scale,
+// and counts only where the samples do not pin the coefficient down: along
+// a feature with a large mean and little spread, the mean square would let
+// the prior outweigh the data.
+func (s *system) solve(prior, spread []float64) []float64 {
+	n := len(spread)
 	beta := make([]float64, n)
 	copy(beta, prior)
 	if s.weight == 0 {
@@ -110,7 +124,7 @@ func (s *system) solve(prior []float64, n int) []float64 {
 	var b [predict.NumTTFT]float64
 	for i := range n {
 		mean, msq := s.sum[i]/s.weight, s.sq[i]/s.weight
-		reg := priorWeight * max(msq-mean*mean, 1e-9*msq, 1e-18)
+		reg := priorWeight * max(msq-mean*mean, spread[i]*spread[i], 1e-18)
 		for j := range n {
 			a[i][j] = s.a[i][j]
 		}

@@ -82,3 +82,26 @@ func TestITLAndFallback(t *testing.T) {
 		t.Error("non-positive or NaN observations were taken")
 	}
 }
+
+// TestNarrowBatchesDoNotSetTheSlope: a warm-up's ITL samples, at batches of
+// 1 to 3 and with the stalls of an engine still prefilling now and then,
+// say little about what 50 running requests cost; the fit must not
+// extrapolate their noise into a slope (it did: 15 ms per request, against
+// a true 0.6 ms) and keeps the prior's instead.
+func TestNarrowBatchesDoNotSetTheSlope(t *testing.T) {
+	var m Model
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 120 {
+		running := float64(1 + r.IntN(3))
+		y := 0.017 + 0.0006*running
+		if running == 3 && r.IntN(2) == 0 {
+			y += 0.03 // a prefill chunk in the interval
+		}
+		m.AddITL(running, y)
+	}
+	got := m.Fit(predict.Default(6500))
+	truth := 0.017 + 0.0006*50
+	if p := got.ITL(50, nil); p > 2*truth {
+		t.Errorf("ITL at 50 running predicted %.0f ms from batches of 1-3 (coefficients %v), truth %.0f ms", 1000*p, got.ITLCoef, 1000*truth)
+	}
+}
