@@ -47,6 +47,10 @@ type Config struct {
 	ScrapeMisses   int
 	Calibration    calibrate.Config
 	BytesPerToken  float64 // sizes approximate indexes from KV capacity; published to the filters in the snapshot
+	// PendingTTL, when positive, makes the blocks a routing report names
+	// for a precise endpoint count until its events confirm them, for that
+	// long (index.Config.PendingTTL); 0 leaves them to the events alone.
+	PendingTTL time.Duration
 
 	LogFormat string // "text" or "json"
 	LogLevel  slog.Level
@@ -79,6 +83,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.ScrapeMisses, "scrape-misses", scrape.DefaultMisses, "failed scrapes in a row before an engine is unhealthy")
 	fs.Float64Var(&c.Calibration.Default, "prefill-rate", calibrate.DefaultRate, "prefill tokens/s assumed until calibrated")
 	fs.Float64Var(&c.Calibration.Ceiling, "prefill-rate-max", 0, "highest calibrated prefill rate accepted (default 4x -prefill-rate)")
+	fs.DurationVar(&c.PendingTTL, "pending-ttl", 0, "experimental: how long a block a routing report names for an engine with KV events counts before the engine's events confirm it (0: off; the benchmark runs 10s)")
 	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token: sizes approximate indexes, and the filters estimate prompt tokens by it (sent in the snapshot)")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")

@@ -25,9 +25,12 @@
 // routing report naming a precise endpoint adds the blocks its engine does
 // not hold yet as pending, for Config.PendingTTL: the engine's own event
 // storing a block confirms it, and a pending block no event confirmed in
-// time is removed. The snapshot keeps one bit per endpoint, block and tier,
-// and the index tells the two sources apart by the pending set, so a report
-// can never remove what the engine stored, nor keep what it did not. An
+// time is removed. A block the engine evicted is not made pending again
+// for a TTL: requests routed by a view older than the eviction would
+// otherwise renew it forever. The snapshot keeps one bit per endpoint,
+// block and tier, and the index tells the two sources apart by the pending
+// set, so a report can never remove what the engine stored, nor keep what
+// it did not. An
 // approximate endpoint's entries come from reports through shared/approx,
 // sized by SetCapacity. Switching modes clears the endpoint's entries.
 package index
@@ -163,6 +166,12 @@ type endpoint struct {
 	// computing, which no event of its engine has confirmed yet, to when
 	// they expire (Unix nanoseconds).
 	pending map[uint64]int64
+	// evicted maps the blocks the engine's events removed from its GPU
+	// cache to when a report may make them pending again: a request
+	// routed by a stale snapshot (or one the engine refused) would
+	// otherwise keep an evicted prefix looking held, each report renewing
+	// it, and keep attracting the requests that renew it.
+	evicted map[uint64]int64
 
 	// epoch changes (under both Index.mu and qmu) when the endpoint
 	// leaves precise mode or is removed: a Sink of an older epoch is
@@ -357,7 +366,7 @@ func (x *Index) invalidate(ep *endpoint) {
 	ep.qmu.Unlock()
 	ep.spare = nil
 	x.pendingN.Add(-int64(len(ep.pending)))
-	ep.pending = nil
+	ep.pending, ep.evicted = nil, nil
 }
 
 // SetMode switches the endpoint to mode m, clearing its entries if that is
@@ -487,6 +496,7 @@ func (x *Index) applyOps(ep *endpoint) {
 	// Ops are only queued in precise mode and dropped on leaving it, so
 	// the slot is the endpoint's.
 	confirmed := 0
+	now := x.now().UnixNano()
 	for _, o := range ops {
 		switch o.kind {
 		case opAdd:
@@ -498,6 +508,7 @@ func (x *Index) applyOps(ep *endpoint) {
 			_ = x.b.Remove(ep.slot, o.h, o.tier)
 			if o.tier == snapshot.TierGPU {
 				x.settle(ep, o.h)
+				x.noteEvicted(ep, o.h, now)
 			}
 		case opClear:
 			x.b.ClearEndpoint(ep.slot)
@@ -523,6 +534,21 @@ func (x *Index) settle(ep *endpoint, h uint64) bool {
 	return true
 }
 
+// noteEvicted remembers, for the pending TTL, that ep's engine dropped h;
+// x.mu is held. The set is bounded by the endpoint's capacity: past it an
+// eviction goes unremembered, as it did before there was a set.
+func (x *Index) noteEvicted(ep *endpoint, h uint64, now int64) {
+	if x.pendingTTL < 0 {
+		return
+	}
+	if ep.evicted == nil {
+		ep.evicted = make(map[uint64]int64)
+	}
+	if len(ep.evicted) < ep.capacity {
+		ep.evicted[h] = now + int64(x.pendingTTL)
+	}
+}
+
 // addPending adds the blocks of a report naming precise endpoint ep that
 // its engine does not hold yet as pending, and renews those already
 // pending; x.mu is held. It returns how many it added. The pending set is
@@ -541,6 +567,9 @@ func (x *Index) addPending(ep *endpoint, hashes []uint64, now int64) int {
 		if len(ep.pending) >= ep.capacity || x.b.Holds(ep.slot, h, snapshot.TierGPU) {
 			continue
 		}
+		if t, ok := ep.evicted[h]; ok && t > now {
+			continue
+		}
 		_ = x.b.Add(ep.slot, h, snapshot.TierGPU)
 		ep.pending[h] = expires
 		added++
@@ -552,6 +581,11 @@ func (x *Index) addPending(ep *endpoint, hashes []uint64, now int64) int {
 // expirePending removes the pending blocks of ep that no event confirmed
 // in time; x.mu is held.
 func (x *Index) expirePending(ep *endpoint, now int64) {
+	for h, t := range ep.evicted {
+		if t <= now {
+			delete(ep.evicted, h)
+		}
+	}
 	expired := 0
 	for h, t := range ep.pending {
 		if t <= now {

@@ -195,6 +195,10 @@ func TestPendingBlocks(t *testing.T) {
 	clock = clock.Add(5 * time.Second)
 	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(4)})) // renews 4
 	x.Publish()
+	// A request routed to 0 for 1 after its engine dropped it (a stale
+	// snapshot, or a request the engine refused) does not make 1 look held
+	// again: each such report would renew it and attract the next.
+	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(1)}))
 	clock = clock.Add(6 * time.Second) // 2 expires, 4 was renewed
 	want = state{H(2): {addr(0): snapshot.TierCPU}, H(3): {addr(0): snapshot.TierGPU}, H(4): {addr(0): snapshot.TierGPU}}
 	if got := read(t, x.Publish(), all); !equalState(got, want) {
@@ -212,6 +216,11 @@ func TestPendingBlocks(t *testing.T) {
 	}
 	if x.pendingN.Load() != 0 {
 		t.Errorf("%d blocks still counted pending", x.pendingN.Load())
+	}
+	// A TTL after the eviction, a report may make 1 pending again.
+	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(1)}))
+	if got := read(t, x.Publish(), hs(1)); !equalState(got, state{H(1): {addr(0): snapshot.TierGPU}}) {
+		t.Errorf("a TTL after its eviction, a report of 1: %v, want it pending", got)
 	}
 
 	// A cleared engine drops its pending blocks too; with pending blocks
