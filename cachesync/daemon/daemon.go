@@ -118,11 +118,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if d.source, err = cfg.source(log); err != nil {
 		return nil, err
 	}
-	pendingTTL := cfg.PendingTTL
-	if pendingTTL <= 0 {
-		pendingTTL = -1 // off
-	}
-	if d.ix, err = index.New(index.Config{Interval: cfg.SyncInterval, PendingTTL: pendingTTL, Snapshot: snapshot.BuilderConfig{BytesPerToken: cfg.BytesPerToken},
+	if d.ix, err = index.New(index.Config{Interval: cfg.SyncInterval, PendingTTL: cfg.PendingTTL, Snapshot: snapshot.BuilderConfig{BytesPerToken: cfg.BytesPerToken},
 		OnOutcome: d.models.outcome, Registerer: d.reg, Logger: log}); err != nil {
 		return nil, err
 	}

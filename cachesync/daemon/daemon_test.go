@@ -476,7 +476,7 @@ func TestLatencyModelsFromOutcomes(t *testing.T) {
 		}
 		return ok && mdl.TTFTSamples >= 2*predict.MinSamples
 	})
-	if got, want := mdl.TTFT(probe, nil), truth(probe); math.Abs(got-want) > 0.05*want {
+	if got, want := mdl.TTFT(probe), truth(probe); math.Abs(got-want) > 0.05*want {
 		t.Errorf("fitted TTFT at %+v: %.3f s, want %.3f s", probe, got, want)
 	}
 	// The twin publishes the shared fit at its next scrape.

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -132,8 +131,12 @@ func (m *models) forget(addr string) {
 	delete(m.group, addr)
 	// A deployment's fit outlives its engines only while some engine
 	// still shares it.
+	live := make(map[string]bool, len(m.group))
+	for _, g := range m.group {
+		live[g] = true
+	}
 	for g := range m.fits {
-		if !slices.Contains(slices.Collect(maps.Values(m.group)), g) {
+		if !live[g] {
 			delete(m.fits, g)
 		}
 	}

@@ -92,8 +92,8 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, local Lo
 	}
 	fallback := predict.Default(rate)
 	mdl := e.LatencyModel().Resolve(&fallback)
-	c.ttft = mdl.TTFT(c.f, nil)
-	c.itl = mdl.ITL(c.f.Running+1, nil)
+	c.ttft = mdl.TTFT(c.f)
+	c.itl = mdl.ITL(c.f.Running + 1)
 	share := c.f.Running + c.f.Waiting
 	prefillCost, decodeCost := c.uncached*mdl.PerUncachedToken()*share, j.output*mdl.PerRunning()*share
 

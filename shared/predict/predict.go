@@ -72,29 +72,22 @@ func Default(rate float64) Model {
 	return m
 }
 
-// TTFT predicts the time to first token, in seconds. A model whose fit has
-// too few samples answers with fallback's, when there is one.
-func (m *Model) TTFT(f Features, fallback *Model) float64 {
-	c := &m.TTFTCoef
-	if m.TTFTSamples < MinSamples && fallback != nil {
-		c = &fallback.TTFTCoef
-	}
+// TTFT predicts the time to first token, in seconds. It uses the
+// coefficients as they are: Resolve first puts in a fallback for a fit with
+// too few samples.
+func (m *Model) TTFT(f Features) float64 {
 	x := f.vector()
 	var t float64
 	for i := range x {
-		t += float64(c[i]) * x[i]
+		t += float64(m.TTFTCoef[i]) * x[i]
 	}
 	return t
 }
 
 // ITL predicts the inter-token latency, in seconds per token, with running
 // requests in the batch, of decoding steps that carry no prefill.
-func (m *Model) ITL(running float64, fallback *Model) float64 {
-	c := &m.ITLCoef
-	if m.ITLSamples < MinSamples && fallback != nil {
-		c = &fallback.ITLCoef
-	}
-	return float64(c[0]) + float64(c[1])*running
+func (m *Model) ITL(running float64) float64 {
+	return float64(m.ITLCoef[0]) + float64(m.ITLCoef[1])*running
 }
 
 // Resolve returns m with each fit that has too few samples replaced by

@@ -7,14 +7,14 @@ import (
 
 func TestDefault(t *testing.T) {
 	m := Default(20000)
-	idle := m.TTFT(Features{Uncached: 8000}, nil)
+	idle := m.TTFT(Features{Uncached: 8000})
 	if want := DefaultStep + 0.4; math.Abs(idle-want) > 1e-6 {
 		t.Errorf("8,000 uncached tokens at 20k tokens/s: %.4f s, want %.4f", idle, want)
 	}
-	if queued := m.TTFT(Features{Uncached: 8000, Backlog: 20000}, nil); math.Abs(queued-idle-1) > 1e-6 {
+	if queued := m.TTFT(Features{Uncached: 8000, Backlog: 20000}); math.Abs(queued-idle-1) > 1e-6 {
 		t.Errorf("a second of backlog added %.4f s", queued-idle)
 	}
-	if a, b := m.ITL(0, nil), m.ITL(32, nil); !(b > a && math.Abs(b-2*a) < 1e-9) {
+	if a, b := m.ITL(0), m.ITL(32); !(b > a && math.Abs(b-2*a) < 1e-9) {
 		t.Errorf("ITL idle %.4f, 32 running %.4f: want the step doubled", a, b)
 	}
 }
@@ -43,7 +43,8 @@ func BenchmarkPredict(b *testing.B) {
 	f := Features{Uncached: 1200, Backlog: 8000, Running: 12, Waiting: 1}
 	var s float64
 	for b.Loop() {
-		s += m.TTFT(f, &fb) + m.ITL(12, &fb)
+		r := m.Resolve(&fb)
+		s += r.TTFT(f) + r.ITL(12)
 	}
 	_ = s
 }

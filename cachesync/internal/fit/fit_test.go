@@ -27,7 +27,7 @@ func TestRecoversTTFT(t *testing.T) {
 	for range 200 {
 		f := predict.Features{Uncached: r.Float64() * 8000, Backlog: r.Float64() * 30000, Running: float64(r.IntN(40)), Waiting: float64(r.IntN(5))}
 		want := truth[0] + truth[1]*(f.Uncached+f.Backlog) + truth[2]*f.Running + truth[3]*f.Waiting
-		worst = max(worst, math.Abs(got.TTFT(f, nil)-want)/want)
+		worst = max(worst, math.Abs(got.TTFT(f)-want)/want)
 	}
 	if worst > 0.05 {
 		t.Errorf("worst prediction error %.1f%% with coefficients %v, truth %v", 100*worst, got.TTFTCoef, truth)
@@ -66,14 +66,15 @@ func TestITLAndFallback(t *testing.T) {
 		m.AddITL(running, 0.012+0.0004*running)
 	}
 	got := m.Fit(predict.Default(15928))
-	if p := got.ITL(30, nil); math.Abs(p-0.024)/0.024 > 0.05 {
+	if p := got.ITL(30); math.Abs(p-0.024)/0.024 > 0.05 {
 		t.Errorf("ITL at 30 running %.4f s, want 0.024", p)
 	}
 	var few Model
 	few.AddTTFT(predict.Features{Uncached: 1000}, 9)
 	fb := predict.Default(1000)
 	fitted := few.Fit(fb)
-	if p := fitted.TTFT(predict.Features{Uncached: 1000}, &fb); math.Abs(p-fb.TTFT(predict.Features{Uncached: 1000}, &fb)) > 1e-9 {
+	resolved := fitted.Resolve(&fb)
+	if p := resolved.TTFT(predict.Features{Uncached: 1000}); math.Abs(p-fb.TTFT(predict.Features{Uncached: 1000})) > 1e-9 {
 		t.Errorf("a one-sample fit predicted %.3f s, want the fallback's", p)
 	}
 	m.AddTTFT(predict.Features{}, math.NaN())
@@ -101,7 +102,7 @@ func TestNarrowBatchesDoNotSetTheSlope(t *testing.T) {
 	}
 	got := m.Fit(predict.Default(6500))
 	truth := 0.017 + 0.0006*50
-	if p := got.ITL(50, nil); p > 2*truth {
+	if p := got.ITL(50); p > 2*truth {
 		t.Errorf("ITL at 50 running predicted %.0f ms from batches of 1-3 (coefficients %v), truth %.0f ms", 1000*p, got.ITLCoef, 1000*truth)
 	}
 }

@@ -30,9 +30,8 @@
 // otherwise renew it forever. The snapshot keeps one bit per endpoint,
 // block and tier, and the index tells the two sources apart by the pending
 // set, so a report can never remove what the engine stored, nor keep what
-// it did not. An
-// approximate endpoint's entries come from reports through shared/approx,
-// sized by SetCapacity. Switching modes clears the endpoint's entries.
+// it did not. An approximate endpoint's entries come from reports through
+// shared/approx, sized by SetCapacity. Switching modes clears the endpoint's entries.
 package index
 
 import (
@@ -83,10 +82,6 @@ const (
 	DefaultMaxPending = 1 << 16
 	// DefaultMaxPendingHashes bounds the hashes of queued report batches.
 	DefaultMaxPendingHashes = 1 << 22
-	// DefaultPendingTTL is how long a reported block of a precise endpoint
-	// counts without its engine's confirmation: longer than a long
-	// prompt's queueing and prefill under load.
-	DefaultPendingTTL = 10 * time.Second
 )
 
 // Config configures an Index. The zero value means the defaults.
@@ -109,7 +104,7 @@ type Config struct {
 	MaxPendingHashes int
 	// PendingTTL is how long a block a routing report says a precise
 	// endpoint is computing counts before its engine's events confirm it;
-	// 0 means DefaultPendingTTL, negative turns pending blocks off.
+	// 0 (or negative) leaves precise endpoints to their events alone.
 	PendingTTL time.Duration
 	// OnOutcome, if set, receives the outcome records of report batches
 	// (what requests' first tokens took), from the builder loop.
@@ -215,7 +210,7 @@ func New(cfg Config) (*Index, error) {
 		maxPending:  cmp.Or(cfg.MaxPending, DefaultMaxPending),
 		maxReported: cmp.Or(cfg.MaxPendingHashes, DefaultMaxPendingHashes),
 		onOutcome:   cfg.OnOutcome,
-		pendingTTL:  cmp.Or(cfg.PendingTTL, DefaultPendingTTL),
+		pendingTTL:  max(cfg.PendingTTL, 0),
 		now:         time.Now,
 		log:         cfg.Logger,
 		b:           b,
@@ -538,7 +533,7 @@ func (x *Index) settle(ep *endpoint, h uint64) bool {
 // x.mu is held. The set is bounded by the endpoint's capacity: past it an
 // eviction goes unremembered, as it did before there was a set.
 func (x *Index) noteEvicted(ep *endpoint, h uint64, now int64) {
-	if x.pendingTTL < 0 {
+	if x.pendingTTL == 0 {
 		return
 	}
 	if ep.evicted == nil {
@@ -643,7 +638,7 @@ func (x *Index) applyReports() {
 			case ep == nil:
 				unknown++
 				continue
-			case ep.mode != Approximate && x.pendingTTL < 0:
+			case ep.mode != Approximate && x.pendingTTL == 0:
 				precise++
 				continue
 			case ep.mode != Approximate:

@@ -231,7 +231,7 @@ func TestPendingBlocks(t *testing.T) {
 	if got := read(t, x.Publish(), hs(7)); len(got) != 0 || x.pendingN.Load() != 0 {
 		t.Errorf("after Clear: %v, %d pending", got, x.pendingN.Load())
 	}
-	off := newIndex(t, Config{PendingTTL: -1})
+	off := newIndex(t, Config{}) // the default
 	addEndpoints(t, off, 1, Precise)
 	off.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(7, 8)}))
 	if got := read(t, off.Publish(), hs(7, 8)); len(got) != 0 {
