@@ -35,7 +35,10 @@ type Tools struct {
 type Arm struct {
 	Name  string
 	About string
-	start func(ctx context.Context, t *Tools, p *pool, dir string) (*router, error)
+	// Variant arms answer one workload's question (the policy modes on
+	// mixed) and are not among the every-arm default of b2b-saas.
+	Variant bool
+	start   func(ctx context.Context, t *Tools, p *pool, dir string) (*router, error)
 }
 
 // router is a running arm.
@@ -45,6 +48,9 @@ type router struct {
 	stop    func()
 	// decisions reads kvroute's decisions by reason, where the arm has them.
 	decisions func() map[string]int64
+	// cachesync is the base URL of the arm's cachesync, "" for arms
+	// without one.
+	cachesync string
 }
 
 const reportToken = "kvroute-bench-token"
@@ -57,6 +63,8 @@ var Arms = []*Arm{
 	{Name: "kvroute-approx", About: "kvroute with cachesync indexing from routing reports only (no events)", start: kvrouteArm(false, nil)},
 	{Name: "kvroute-sticky", About: "kvroute precise with an hour's TTFT SLO, which every endpoint meets, so the best-cached one always wins (what \"until saturated\" buys)",
 		start: kvrouteArm(true, map[string]any{"slo_ttft_ms": 3_600_000})},
+	{Name: "kvroute-prefill", About: "kvroute precise with policy.mode prefill: TTFT alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "prefill"})},
+	{Name: "kvroute-decode", About: "kvroute precise with policy.mode decode: the decoding alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "decode"})},
 	{Name: "sglang-router", About: "sglang-router 0.3.2 cache_aware", start: rivalArm("sglang-router", "launch", "--policy", "cache_aware")},
 	{Name: "smg", About: "smg 1.13.0 cache_aware", start: rivalArm("smg", "launch", "--policy", "cache_aware")},
 	{Name: "vllm-router", About: "vllm-router 0.1.17 cache_aware", start: rivalArm("vllm-router", "", "--policy", "cache_aware")},
@@ -187,6 +195,7 @@ func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tool
 		}
 		stopEnvoy := r.stop
 		r.stop = func() { stopEnvoy(); stopCachesync() }
+		r.cachesync = "http://" + addr
 		return r, nil
 	}
 }

@@ -10,6 +10,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -82,7 +83,8 @@ func (s *Summary) Merge(src *Summary) error {
 	for _, w := range src.Workloads {
 		i := slices.IndexFunc(s.Workloads, func(d WorkloadResult) bool { return d.Name == w.Name })
 		if i < 0 {
-			s.Workloads = append(s.Workloads, WorkloadResult{Name: w.Name, Description: w.Description, Scaling: w.Scaling, SLOSeconds: w.SLOSeconds, Warmup: w.Warmup})
+			s.Workloads = append(s.Workloads, w)
+			s.Workloads[len(s.Workloads)-1].Arms = nil
 			i = len(s.Workloads) - 1
 		}
 		dst := &s.Workloads[i]
@@ -106,8 +108,12 @@ type WorkloadResult struct {
 	Scaling     string  `json:"scaling"`
 	SLOSeconds  float64 `json:"slo_ttft_p90_seconds"`
 	// Warmup describes the unreported first stage, "" if none.
-	Warmup string      `json:"warmup,omitempty"`
-	Arms   []ArmResult `json:"arms"`
+	Warmup string `json:"warmup,omitempty"`
+	// Goodput is the per-request SLO goodput counts against (seconds by
+	// inference-perf's keys), Family the sweep the workload is a point of.
+	Goodput map[string]float64 `json:"goodput_slo_seconds,omitempty"`
+	Family  string             `json:"family,omitempty"`
+	Arms    []ArmResult        `json:"arms"`
 }
 
 // saturated is how many times the SLO a stage's TTFT p90 may reach before
@@ -153,6 +159,14 @@ type Stage struct {
 	PerEngine   []int   `json:"requests_per_engine"`
 	Prefilled   float64 `json:"prompt_tokens_prefilled"`
 	Preemptions float64 `json:"preemptions"`
+	// Goodput is the requests per second meeting the workload's goodput
+	// SLOs, GoodShare their share of the answered requests (inference-perf's
+	// goodput report); both 0 without Workload.Goodput.
+	Goodput   float64 `json:"request_goodput,omitempty"`
+	GoodShare float64 `json:"goodput_share,omitempty"`
+	// PredictionError is cachesync's TTFT prediction error over the
+	// stage's routed requests (kvroute arms).
+	PredictionError *PredictionError `json:"ttft_prediction_error,omitempty"`
 }
 
 // load is the stage's offered load: its Poisson rate, or its concurrency
@@ -195,7 +209,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		}
 	}
 	for _, w := range o.Workloads {
-		wr := WorkloadResult{Name: w.Name, Description: w.Description, Scaling: w.Scaling, SLOSeconds: w.SLO.Seconds()}
+		wr := WorkloadResult{Name: w.Name, Description: w.Description, Scaling: w.Scaling, SLOSeconds: w.SLO.Seconds(), Goodput: w.Goodput, Family: w.Family}
 		if w.warmups() > 0 {
 			wr.Warmup = fmt.Sprintf("%d s at %g req/s", w.WarmupSeconds, w.WarmupRate)
 		}
@@ -322,18 +336,25 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 		}
 		var mu sync.Mutex
 		var before, after []counters
-		var scrapeErr error
+		var predBefore, predAfter histogram
+		var scrapeErr, predErr error
 		onStage := func(ev stageEvent) {
 			snap, err := p.snapshot()
+			var pred histogram
+			var perr error
+			if rt.cachesync != "" {
+				pred, perr = scrapeHistogram(rt.cachesync, predictionMetric)
+			}
 			mu.Lock()
 			defer mu.Unlock()
+			predErr = cmp.Or(predErr, perr)
 			switch {
 			case err != nil:
 				scrapeErr = err
 			case ev.start:
-				before = snap
+				before, predBefore = snap, pred
 			default:
-				after = snap
+				after, predAfter = snap, pred
 			}
 		}
 		if _, err := o.Client.run(ctx, w, rt.url, sdir, i, o.StageSeconds, onStage); err != nil {
@@ -354,6 +375,11 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 			return r
 		}
 		st := stageOf(w, i, rep)
+		if predErr != nil {
+			logf(o.Log, "   no prediction error for %s: %v", st.Label, predErr)
+		} else if rt.cachesync != "" {
+			st.PredictionError = predAfter.since(predBefore).predictionError()
+		}
 		if before != nil && after != nil {
 			var sum counters
 			for j := range after {
@@ -418,6 +444,9 @@ func stageOf(w *Workload, i int, rep *stageReport) Stage {
 	}
 	if st.Requests > 0 {
 		st.SuccessRate = float64(s.Count) / float64(st.Requests)
+	}
+	if g := s.Goodput; g != nil {
+		st.Goodput, st.GoodShare = g.Requests, g.Percentage/100
 	}
 	return st
 }

@@ -37,7 +37,13 @@ func (c *InferencePerf) run(ctx context.Context, w *Workload, baseURL, dir strin
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	cfg := w.config(Model, baseURL, c.Tokenizer, filepath.Join(dir, "reports"), i, stageSeconds)
+	trace := filepath.Join(dir, "arrivals.csv")
+	if w.Bursty && i >= 0 {
+		if err := os.WriteFile(trace, burstTrace(w.Rates[i], traceRequests(w.Rates[i], stageSeconds), burstSeed(i)), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	cfg := w.config(Model, baseURL, c.Tokenizer, filepath.Join(dir, "reports"), trace, i, stageSeconds)
 	b, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -104,6 +110,10 @@ type stageReport struct {
 			Total  float64 `json:"total"`
 			Cached float64 `json:"cached"`
 		} `json:"prompt_tokens"`
+		Goodput *struct {
+			Percentage float64 `json:"goodput_percentage"`
+			Requests   float64 `json:"request_goodput"`
+		} `json:"goodput_metrics"`
 	} `json:"successes"`
 	Failures struct {
 		Count int `json:"count"`

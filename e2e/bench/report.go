@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"image/color"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,6 +63,7 @@ func markdown(s *Summary) string {
 	if s.FilterCost != nil {
 		filterCostSection(&b, s.FilterCost)
 	}
+	sweepSection(&b, s, sharedFamily)
 	for i := range s.Workloads {
 		workloadSection(&b, &s.Workloads[i])
 	}
@@ -164,7 +166,27 @@ func targets(b *strings.Builder, s *Summary) {
 		if ref == nil {
 			continue
 		}
+		if w.Family == sharedFamily {
+			best, bestName := 0.0, ""
+			for _, rival := range []string{"sglang-router", "smg", "vllm-router", "vllm-router-kv"} {
+				if a := w.arm(rival); a != nil && a.Knee != nil && a.Knee.Load > best {
+					best, bestName = a.Knee.Load, rival
+				}
+			}
+			if bestName != "" {
+				check(ref.Knee != nil && ref.Knee.Load >= best, "%s knee at or above the best rival's: %s against %s's %s",
+					w.Name, loadText(ref.Knee), bestName, loadText(w.arm(bestName).Knee))
+			}
+		}
 		switch w.Name {
+		case "mixed":
+			g, at := peakGoodput(ref)
+			for _, other := range []string{"kvroute-prefill", "kvroute-decode", "envoy-least-request"} {
+				if a := w.arm(other); a != nil {
+					og, oat := peakGoodput(a)
+					check(g > og, "mixed: auto's peak goodput above %s's: %.1f req/s (at %s) against %.1f (at %s)", other, g, at, og, oat)
+				}
+			}
 		case "b2b-saas":
 			if rr := w.arm("envoy-round-robin"); rr != nil {
 				ratio, bound := kneeRatio(ref, rr)
@@ -192,6 +214,21 @@ func targets(b *strings.Builder, s *Summary) {
 					lo, hi = min(lo, n), max(hi, n)
 				}
 				check(float64(hi) <= 1.2*float64(lo), "b2b-saas requests per engine within 20%% of each other at the top stage: %v", pe)
+			}
+			if ref.Knee != nil {
+				// Steady load: the stages the arm held within the SLO.
+				ok, seen := true, 0
+				var meds []string
+				for _, st := range ref.Stages[:ref.Knee.Stage+1] {
+					if pe := st.PredictionError; pe != nil {
+						seen++
+						ok = ok && pe.Median < 0.15
+						meds = append(meds, fmt.Sprintf("%.0f%%", 100*pe.Median))
+					}
+				}
+				if seen > 0 {
+					check(ok, "b2b-saas TTFT prediction median absolute error under 15%% at every stage up to the knee: %s", strings.Join(meds, ", "))
+				}
 			}
 		case "hot-prefix":
 			// At the highest rate both arms ran: an arm that stopped early
@@ -326,6 +363,19 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 	table("Input tokens per second, success rate:", func(s *Stage) string {
 		return fmt.Sprintf("%d, %.1f%%", int(s.InputTPS), 100*s.SuccessRate)
 	})
+	if w.Goodput != nil {
+		table(fmt.Sprintf("Goodput: requests/s meeting %s (inference-perf's goodput report), and their share of the answered:", sloText(w.Goodput)), func(s *Stage) string {
+			return fmt.Sprintf("%.1f, %.0f%%", s.Goodput, 100*s.GoodShare)
+		})
+	}
+	if hasPrediction(w) {
+		table("kvroute's TTFT prediction: median absolute error, share within 15% (cachesync's error histogram over the stage):", func(s *Stage) string {
+			if s.PredictionError == nil {
+				return ""
+			}
+			return fmt.Sprintf("%.0f%%, %.0f%%", 100*s.PredictionError.Median, 100*s.PredictionError.Within15)
+		})
+	}
 	table("Prefix-cache hit rate (engines' metrics), requests per engine:", func(s *Stage) string {
 		var pe []string
 		for _, n := range s.PerEngine {
@@ -349,6 +399,95 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 		}
 		p("| %s | %s | %.1f%% | %.1f%% | %.0f s | %s | `%s` |", a.Name, loadText(a.Knee), 100*a.HitRate, 100*a.Lag, a.Wall,
 			strings.Join(ds, ", "), strings.Join(a.Command, " "))
+	}
+	p("")
+}
+
+func hasPrediction(w *WorkloadResult) bool {
+	for _, a := range w.Arms {
+		for _, s := range a.Stages {
+			if s.PredictionError != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// sloText names a goodput SLO: "TTFT <= 2 s and TPOT <= 50 ms".
+func sloText(slo map[string]float64) string {
+	var keys []string
+	for k := range slo {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		v := slo[k]
+		if v < 1 {
+			parts = append(parts, fmt.Sprintf("%s <= %.0f ms", strings.ToUpper(k), 1000*v))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s <= %g s", strings.ToUpper(k), v))
+		}
+	}
+	return strings.Join(parts, " and ")
+}
+
+// peakGoodput is the arm's highest goodput over its ladder, and where.
+func peakGoodput(a *ArmResult) (float64, string) {
+	best, at := 0.0, ""
+	for _, s := range a.Stages {
+		if s.Goodput > best {
+			best, at = s.Goodput, s.Label
+		}
+	}
+	return best, at
+}
+
+// sweepSection compares kvroute with the rivals at every point of a sweep
+// (workloads of one Family): the knee and the throughput at the highest
+// stage both ran.
+func sweepSection(b *strings.Builder, s *Summary, family string) {
+	var points []*WorkloadResult
+	for i := range s.Workloads {
+		if s.Workloads[i].Family == family {
+			points = append(points, &s.Workloads[i])
+		}
+	}
+	if len(points) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(b, format+"\n", args...) }
+	p("## The %s sweep", family)
+	p("")
+	p("Each point is its own workload below; knees (TTFT p90 within the SLO) and, in brackets, output tokens/s at the highest stage kvroute and that arm both ran.")
+	p("")
+	var arms []string
+	for _, w := range points {
+		for _, a := range w.Arms {
+			if !slices.Contains(arms, a.Name) {
+				arms = append(arms, a.Name)
+			}
+		}
+	}
+	p("| point | %s |", strings.Join(arms, " | "))
+	p("|---|%s", strings.Repeat("---|", len(arms)))
+	for _, w := range points {
+		ref := w.arm(headlineArm)
+		cells := make([]string, len(arms))
+		for i, name := range arms {
+			a := w.arm(name)
+			if a == nil {
+				continue
+			}
+			cells[i] = loadText(a.Knee)
+			if ref != nil {
+				if top := min(len(ref.Stages), len(a.Stages)) - 1; top >= 0 {
+					cells[i] += fmt.Sprintf(" (%d at %s)", int(a.Stages[top].OutputTPS), a.Stages[top].Label)
+				}
+			}
+		}
+		p("| %s | %s |", w.Name, strings.Join(cells, " | "))
 	}
 	p("")
 }

@@ -62,6 +62,59 @@ func TestTargets(t *testing.T) {
 	}
 }
 
+// withGoodput sets an arm's goodput per stage.
+func withGoodput(a ArmResult, goodput ...float64) ArmResult {
+	for i, g := range goodput {
+		a.Stages[i].Goodput = g
+	}
+	return a
+}
+
+func TestTargetsPolicy(t *testing.T) {
+	rates := []float64{8, 16, 24}
+	b2b := ladder(headlineArm, rates, []float64{0.1, 0.2, 3})
+	for i, med := range []float64{0.08, 0.12, 0.4} { // the third stage is past the knee
+		b2b.Stages[i].PredictionError = &PredictionError{Requests: 100, Median: med}
+	}
+	s := &Summary{Workloads: []WorkloadResult{
+		{Name: "b2b-saas", SLOSeconds: 2, Arms: []ArmResult{b2b}},
+		{Name: "mixed", SLOSeconds: 2, Goodput: map[string]float64{"ttft": 2, "tpot": 0.05}, Arms: []ArmResult{
+			withGoodput(ladder(headlineArm, rates, []float64{0.1, 0.2, 3}), 7, 14, 12),
+			withGoodput(ladder("kvroute-prefill", rates, []float64{0.1, 0.2, 3}), 7, 15, 10),
+			withGoodput(ladder("kvroute-decode", rates, []float64{0.1, 0.2, 3}), 7, 9, 3),
+		}},
+		{Name: "shared-30", Family: sharedFamily, SLOSeconds: 2, Arms: []ArmResult{
+			ladder(headlineArm, rates, []float64{0.1, 0.2, 3}),
+			ladder("sglang-router", rates, []float64{0.1, 3, 9}),
+			ladder("vllm-router", rates, []float64{0.1, 0.2, 0.3}),
+		}},
+	}}
+	var b strings.Builder
+	targets(&b, s)
+	report := b.String()
+	for _, want := range []string{
+		"**met**: b2b-saas TTFT prediction median absolute error under 15% at every stage up to the knee: 8%, 12%",
+		"**missed**: mixed: auto's peak goodput above kvroute-prefill's: 14.0 req/s (at 16 req/s) against 15.0 (at 16 req/s)",
+		"**met**: mixed: auto's peak goodput above kvroute-decode's: 14.0 req/s (at 16 req/s) against 9.0 (at 16 req/s)",
+		// The best rival is vllm-router, whose knee is 24.
+		"**missed**: shared-30 knee at or above the best rival's: 16 req/s against vllm-router's 24 req/s",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("targets lack %q:\n%s", want, report)
+		}
+	}
+	md := markdown(s)
+	for _, want := range []string{
+		"| shared-30 | 16 req/s (2400 at 24 req/s) | 8 req/s (2400 at 24 req/s) | 24 req/s (2400 at 24 req/s) |",
+		"Goodput: requests/s meeting TPOT <= 50 ms and TTFT <= 2 s",
+		"| kvroute-precise | 8%, 0% | 12%, 0% | 40%, 0% |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+}
+
 func TestRender(t *testing.T) {
 	dir := t.TempDir()
 	s := &Summary{Command: "go run ./e2e/cmd/bench -test", Workloads: []WorkloadResult{{Name: "b2b-saas", SLOSeconds: 2,

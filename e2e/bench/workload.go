@@ -26,6 +26,19 @@ type Workload struct {
 	SessionHeader string
 	// SLO is the TTFT p90 a stage must stay within to count for the knee.
 	SLO time.Duration
+	// Goodput, when set, has inference-perf count the requests meeting
+	// these per-request SLOs (its goodput report: keys ttft, tpot, in
+	// seconds).
+	Goodput map[string]float64
+	// Bursty replaces each Poisson stage's arrivals with a bursty trace of
+	// the same mean rate (burstTrace), which inference-perf replays.
+	Bursty bool
+	// Arms are the arms run by default on this workload; nil: main's
+	// default subset.
+	Arms []string
+	// Family groups workloads that are points of one sweep; the report
+	// compares them side by side.
+	Family string
 	// WarmupRate, when set, runs a first Poisson stage at this rate, of
 	// WarmupSeconds, that is not reported: every arm starts from cold
 	// engines, and the first request of each prefix is a full prefill
@@ -75,15 +88,26 @@ func (w *Workload) stage(i, stageSeconds int) map[string]any {
 
 // config returns inference-perf's configuration for stage i of the workload
 // (-1: the warm-up) against baseURL, with reports written under out.
-func (w *Workload) config(model, baseURL, tokenizer, out string, i, stageSeconds int) map[string]any {
+// A bursty stage replays the trace at tracePath.
+func (w *Workload) config(model, baseURL, tokenizer, out, tracePath string, i, stageSeconds int) map[string]any {
 	load := map[string]any{"num_workers": 2, "worker_max_concurrency": 256, "interval": 1, "type": "poisson"}
-	if w.Concurrency != nil && i >= 0 {
+	switch {
+	case w.Concurrency != nil && i >= 0:
 		load["type"] = "concurrent"
+	case w.Bursty && i >= 0:
+		load["type"] = "trace_replay"
+		load["trace"] = map[string]any{"file": tracePath, "format": "AzurePublicDataset"}
 	}
 	load["stages"] = []any{w.stage(i, stageSeconds)}
 	api := map[string]any{"type": "completion", "streaming": true}
 	if w.SessionHeader != "" {
 		api["session_id_header_key"] = w.SessionHeader
+	}
+	report := map[string]any{"request_lifecycle": map[string]any{
+		"summary": true, "per_stage": true, "per_request": true,
+	}}
+	if w.Goodput != nil {
+		report["goodput"] = map[string]any{"constraints": w.Goodput}
 	}
 	return map[string]any{
 		"api":  api,
@@ -93,20 +117,23 @@ func (w *Workload) config(model, baseURL, tokenizer, out string, i, stageSeconds
 			"type": "vllm", "model_name": model, "base_url": baseURL, "ignore_eos": true,
 		},
 		"tokenizer": map[string]any{"pretrained_model_name_or_path": tokenizer},
-		"report": map[string]any{"request_lifecycle": map[string]any{
-			"summary": true, "per_stage": true, "per_request": true,
-		}},
-		"storage": map[string]any{"local_storage": map[string]any{"path": out}},
+		"report":    report,
+		"storage":   map[string]any{"local_storage": map[string]any{"path": out}},
 	}
 }
 
 // sharedPrefix is inference-perf's shared_prefix generator.
-func sharedPrefix(groups, perGroup, system, question int, output any, multiTurn bool) map[string]any {
+func sharedPrefix(groups, perGroup, system int, question, output any, multiTurn bool) map[string]any {
 	return map[string]any{"type": "shared_prefix", "shared_prefix": map[string]any{
 		"num_groups": groups, "num_prompts_per_group": perGroup,
 		"system_prompt_len": system, "question_len": question, "output_len": output,
 		"seed": 42, "enable_multi_turn_chat": multiTurn,
 	}}
+}
+
+// lognormal is an inference-perf lognormal length distribution.
+func lognormal(lo, hi, mean, std int) map[string]any {
+	return map[string]any{"type": "lognormal", "min": lo, "max": hi, "mean": mean, "std_dev": std}
 }
 
 // spread is an inference-perf length distribution.
@@ -130,11 +157,13 @@ var Workloads = []*Workload{
 		WarmupRate: 2, WarmupSeconds: 30,
 	},
 	{
-		Name:          "multi-turn",
-		Description:   "chat: 16 conversations of 8 turns, a 2,000-token system prompt and 300-token turns; each turn resends the conversation",
-		Scaling:       "inference-perf's multi-turn mode with its session header; contexts grow from 2.3k to 4.4k tokens",
-		Data:          sharedPrefix(16, 8, 2000, 300, spread(60, 120), true),
-		Rates:         []float64{4, 8, 16, 24, 32},
+		Name:        "multi-turn",
+		Description: "chat: 32 conversations (8 system prompts of 2,000 tokens x 4 users), 300-token turns, 60-120 output tokens; each turn resends the conversation",
+		Scaling: "inference-perf's multi-turn mode with its session header; a conversation's next turn waits for its last answer, so a stage of 15 s " +
+			"gives each conversation about rate/2 turns (contexts grow to about 4k tokens at 12 req/s), and 32 conversations of ~2 s turns cannot offer " +
+			"more than about 16 req/s: the ladder stays below, where the router, not the client, sets the figures",
+		Data:          sharedPrefix(8, 4, 2000, 300, spread(60, 120), true),
+		Rates:         []float64{4, 8, 12, 14},
 		SessionHeader: "x-session-id",
 		SLO:           2 * time.Second,
 	},
@@ -154,6 +183,7 @@ var Workloads = []*Workload{
 		Data:        sharedPrefix(1, 100, 6000, 600, 100, false),
 		Rates:       []float64{4, 8, 16, 24, 32},
 		SLO:         2 * time.Second,
+		Arms:        []string{"envoy-round-robin", "envoy-least-request", "kvroute-precise", "sglang-router", "oracle", "kvroute-sticky"},
 	},
 	{
 		Name:        "decode-heavy",
@@ -163,6 +193,44 @@ var Workloads = []*Workload{
 		Rates:       []float64{2, 4, 8, 12, 16},
 		SLO:         2 * time.Second,
 	},
+	sharedFraction(30, []float64{1, 2, 3, 4, 6}),
+	sharedFraction(60, []float64{2, 4, 6, 8, 12}),
+	sharedFraction(90, []float64{8, 16, 24, 32, 48}),
+	{
+		Name: "mixed",
+		Description: "mixed and bursty: 16 groups x 5, 2,000-token system prompts, heavy-tailed questions (lognormal, 100-8,000 tokens, mean 1,500) " +
+			"and outputs (20-1,500, mean 300), arrivals in bursts of 2.5x the rate for 1.5 s of every 5 s",
+		Scaling: "prefill-heavy and decode-heavy requests in one stream, so the pool's bottleneck moves; inference-perf's shared_prefix draws " +
+			"one length distribution, so the mix is heavy-tailed rather than bimodal; it replays the bursts as a trace (trace_replay)",
+		Data:       sharedPrefix(16, 5, 2000, lognormal(100, 8000, 1500, 1500), lognormal(20, 1500, 300, 300), false),
+		Rates:      []float64{8, 16, 24, 32, 40},
+		Bursty:     true,
+		SLO:        2 * time.Second,
+		Goodput:    map[string]float64{"ttft": 2, "tpot": 0.05},
+		Arms:       []string{"envoy-least-request", "kvroute-precise", "kvroute-prefill", "kvroute-decode", "sglang-router"},
+		WarmupRate: 2, WarmupSeconds: 30,
+	},
+}
+
+// sharedFamily is the sweep of the prompt's shared fraction.
+const sharedFamily = "shared-fraction"
+
+// sharedFraction is b2b-saas's shape with pct percent of its 7,200-token
+// prompt shared: where a fixed affinity threshold would fall off a cliff.
+func sharedFraction(pct int, rates []float64) *Workload {
+	system := 7200 * pct / 100
+	return &Workload{
+		Name:   "shared-" + strconv.Itoa(pct),
+		Family: sharedFamily,
+		Description: "b2b-saas with " + strconv.Itoa(pct) + "% of the prompt shared: 16 groups x 5, " + strconv.Itoa(system) +
+			"-token system prompts, " + strconv.Itoa(7200-system) + "-token questions, 100-200 output tokens, Poisson",
+		Scaling:    "a point of the shared-fraction sweep (30%, 60%, 90%; b2b-saas is 83%); the ladder is scaled to the prefill each point needs",
+		Data:       sharedPrefix(16, 5, system, 7200-system, spread(100, 200), false),
+		Rates:      rates,
+		SLO:        2 * time.Second,
+		Arms:       []string{"kvroute-precise", "sglang-router", "vllm-router"},
+		WarmupRate: 2, WarmupSeconds: 30,
+	}
 }
 
 // WorkloadByName returns the named workload.

@@ -24,11 +24,9 @@ import (
 )
 
 // defaultArms are the arms run on workloads other than b2b-saas, which runs
-// them all: the baselines, kvroute, the best rival and the oracle.
+// every arm but the policy-mode variants, unless the workload names its
+// own: the baselines, kvroute, the best rival and the oracle.
 var defaultArms = []string{"envoy-round-robin", "envoy-least-request", "kvroute-precise", "sglang-router", "oracle"}
-
-// extraArms are added to a workload's default arms where its question needs them.
-var extraArms = map[string][]string{"hot-prefix": {"kvroute-sticky"}}
 
 func main() {
 	var (
@@ -118,14 +116,18 @@ func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesyn
 		}
 		o.Workloads = append(o.Workloads, w)
 		sel := split(arms)
-		if sel == nil {
-			sel = append(append([]string{}, defaultArms...), extraArms[n]...)
-			if n == "b2b-saas" {
-				sel = nil
-				for _, a := range bench.Arms {
+		switch {
+		case sel != nil:
+		case w.Arms != nil:
+			sel = w.Arms
+		case n == "b2b-saas":
+			for _, a := range bench.Arms {
+				if !a.Variant {
 					sel = append(sel, a.Name)
 				}
 			}
+		default:
+			sel = defaultArms
 		}
 		for _, a := range sel {
 			arm, err := bench.ArmByName(a)
