@@ -160,8 +160,7 @@ var Workloads = []*Workload{
 		Name:        "multi-turn",
 		Description: "chat: 32 conversations (8 system prompts of 2,000 tokens x 4 users), 300-token turns, 60-120 output tokens; each turn resends the conversation",
 		Scaling: "inference-perf's multi-turn mode with its session header; a conversation's next turn waits for its last answer, so a stage of 15 s " +
-			"gives each conversation about rate/2 turns (contexts grow to about 4k tokens at 12 req/s), and 32 conversations of ~2 s turns cannot offer " +
-			"more than about 16 req/s: the ladder stays below, where the router, not the client, sets the figures",
+			"gives each conversation about rate/2 turns; from 12 req/s the growing conversations outgrow the pool's KV cache and every arm breaks alike",
 		Data:          sharedPrefix(8, 4, 2000, 300, spread(60, 120), true),
 		Rates:         []float64{4, 8, 12, 14},
 		SessionHeader: "x-session-id",
