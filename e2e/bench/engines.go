@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -126,8 +127,8 @@ func (p *pool) snapshot() ([]counters, error) {
 	return out, nil
 }
 
-// scrape reads an engine's counters and gauges, summed over label sets.
-func scrape(url string) (map[string]float64, error) {
+// metricFamilies reads the Prometheus text page at url's /metrics.
+func metricFamilies(url string) (map[string]*dto.MetricFamily, error) {
 	client := http.Client{Timeout: 10 * time.Second}
 	resp, err := client.Get(url + "/metrics")
 	if err != nil {
@@ -137,7 +138,16 @@ func scrape(url string) (map[string]float64, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return nil, fmt.Errorf("bench: engine metrics of %s: %w", url, err)
+		return nil, fmt.Errorf("bench: metrics of %s: %w", url, err)
+	}
+	return fams, nil
+}
+
+// scrape reads an engine's counters and gauges, summed over label sets.
+func scrape(url string) (map[string]float64, error) {
+	fams, err := metricFamilies(url)
+	if err != nil {
+		return nil, err
 	}
 	out := map[string]float64{}
 	for name, f := range fams {

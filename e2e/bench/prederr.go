@@ -3,11 +3,6 @@ package bench
 import (
 	"fmt"
 	"math"
-	"net/http"
-	"time"
-
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // predictionMetric is cachesync's histogram of |predicted - observed| /
@@ -36,16 +31,9 @@ type histogram struct {
 
 // scrapeHistogram reads the named histogram from url's /metrics.
 func scrapeHistogram(url, name string) (histogram, error) {
-	client := http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get(url + "/metrics")
+	fams, err := metricFamilies(url)
 	if err != nil {
-		return histogram{}, fmt.Errorf("bench: scrape %s: %w", url, err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return histogram{}, fmt.Errorf("bench: metrics of %s: %w", url, err)
+		return histogram{}, err
 	}
 	f := fams[name]
 	if f == nil || len(f.GetMetric()) != 1 || f.GetMetric()[0].GetHistogram() == nil {

@@ -34,9 +34,10 @@
 // request does not leave a warm endpoint for a slightly faster batch and
 // stall a cold one with a full prefill. And the eviction price is added,
 // Config.EvictionWeight times the prefill time of the cached blocks the
-// request's new blocks would push out of the endpoint's cache: its new blocks times how full the cache is (the
-// index's blocks over its capacity, both in the snapshot), and all of the
-// overflow once it would be full. So a prefix nobody holds goes where there
+// request's new blocks would push out of the endpoint's cache: its new
+// blocks times how full the cache is (the index's blocks over its
+// capacity, both in the snapshot), and all of the overflow once it would be
+// full. So a prefix nobody holds goes where there
 // is load headroom and cache room, not to whoever ties first; a warm
 // endpoint keeps its prefix until queueing there costs more than a cold
 // prefill elsewhere; and a prefix hotter than one endpoint can serve

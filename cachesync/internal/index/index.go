@@ -31,7 +31,8 @@
 // block and tier, and the index tells the two sources apart by the pending
 // set, so a report can never remove what the engine stored, nor keep what
 // it did not. An approximate endpoint's entries come from reports through
-// shared/approx, sized by SetCapacity. Switching modes clears the endpoint's entries.
+// shared/approx, sized by SetCapacity. Switching modes clears the
+// endpoint's entries.
 package index
 
 import (
