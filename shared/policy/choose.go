@@ -5,7 +5,7 @@ import (
 	"math/bits"
 )
 
-// choose picks among the eligible candidates. Without SLOs: the least
+// choose picks among the candidates placeNew left roomy. Without SLOs: the least
 // price, near ties (within Config.TieTolerance) broken by random. With SLOs:
 // of the candidates predicted to meet them, the best cached (within a
 // block), by least price among those; if none meets them, the least price
@@ -18,14 +18,14 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 	if slo {
 		best := -1.0
 		for i := range cands {
-			if c := &cands[i]; c.eligible && c.meets(j) && c.cached > best {
+			if c := &cands[i]; c.roomy && c.meets(j) && c.cached > best {
 				best = c.cached
 			}
 		}
 		if best >= 0 {
 			for i := range cands {
 				c := &cands[i]
-				c.sel = c.eligible && c.meets(j) && c.cached >= best-j.blockTokens
+				c.sel = c.roomy && c.meets(j) && c.cached >= best-j.blockTokens
 			}
 			pick = least(cands, tol, random)
 		}
@@ -33,7 +33,7 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 	meets = !slo || pick >= 0
 	if pick < 0 {
 		for i := range cands {
-			cands[i].sel = cands[i].eligible
+			cands[i].sel = cands[i].roomy
 		}
 		pick = least(cands, tol, random)
 	}

@@ -37,11 +37,22 @@
 // request's new blocks would push out of the endpoint's cache: its new
 // blocks times how full the cache is (the index's blocks over its
 // capacity, both in the snapshot), and all of the overflow once it would be
-// full. So a prefix nobody holds goes where there
-// is load headroom and cache room, not to whoever ties first; a warm
-// endpoint keeps its prefix until queueing there costs more than a cold
-// prefill elsewhere; and a prefix hotter than one endpoint can serve
+// full; blocks another endpoint already holds count in full however empty
+// the cache, since a copy spends the pool's room twice. So a warm endpoint
+// keeps its prefix until queueing there costs more than a cold prefill and
+// a copy's room elsewhere; and a prefix hotter than one endpoint can serve
 // spreads to a second endpoint, which then holds it too and keeps it warm.
+//
+// # Placement
+//
+// A prompt the pool holds none of starts a prefix that will bring its
+// share of traffic to wherever it lands for as long as it stays cached, so
+// it is placed by cache room first: only endpoints whose cache (pending
+// prefills included) is within half the prompt of the emptiest qualify,
+// among those priced within one cold prefill of the cheapest, and the
+// price picks among them. Prefixes then spread evenly over the caches
+// whatever order they arrive in, not after the momentary idleness the next
+// arrival reshuffles.
 //
 // With an SLO (Config.SLOTTFT, Config.SLOTPOT, or per request) the choice
 // is the best-cached endpoint predicted to meet it, the cheapest of those;

@@ -172,6 +172,11 @@ func Tokens(n int, m *snapshot.Manifest) int {
 type Local struct {
 	PrefillTokens int64 // uncached prompt tokens of requests not yet past their first token
 	Requests      int64 // requests not yet finished
+	// Blocks is how many of this request's leading blocks the endpoint
+	// will hold once the prefills this gateway recently sent it are done:
+	// the snapshot shows them only a prefill and a sync later, and a
+	// request sharing the prefix that comes meanwhile must see them.
+	Blocks int
 }
 
 // Request is what Pick decides on.
@@ -266,10 +271,18 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		}
 	}
 	d.Lookups = v.Prefix(r.Hashes, p.match[:n])
+	for i := range min(n, len(r.Local)) {
+		if b := int32(min(r.Local[i].Blocks, len(r.Hashes))); b > p.match[i].Blocks {
+			p.match[i].Blocks, p.match[i].GPU = b, b
+		}
+	}
 	job := p.job(m, r)
 	// Loops range over slices of length n so that Go can drop the bounds
 	// checks, which cost more than the work in Wasm.
-	cands := p.cands[:n]
+	cands, match := p.cands[:n], p.match[:n]
+	// The pool's two deepest holders of the prompt: a candidate's blocks
+	// beyond its own match that another holds would be a copy.
+	top, second, topAt := int32(0), int32(0), -1
 	for i := range cands {
 		c := &cands[i]
 		*c = cand{}
@@ -277,12 +290,27 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		if e.Vacant() || e.Health() != snapshot.HealthHealthy || (model >= 0 && !e.Serves(model)) {
 			continue
 		}
-		p.price(c, e, p.match[i], localOf(r, i), r.Stale, &job)
+		c.eligible = true
 		d.Eligible++
+		if b := match[i].Blocks; b > top {
+			top, second, topAt = b, top, i
+		} else if b > second {
+			second = b
+		}
 	}
 	if d.Eligible == 0 {
 		return d
 	}
+	for i := range cands {
+		if c := &cands[i]; c.eligible {
+			held := top
+			if i == topAt {
+				held = second
+			}
+			p.price(c, m.Endpoint(i), match[i], held, localOf(r, i), r.Stale, &job)
+		}
+	}
+	placeNew(cands, &job)
 	pick, runner, meets := p.choose(cands, &job, r.Random)
 	c := &cands[pick]
 	d.Endpoint, d.MeetsSLO = pick, meets

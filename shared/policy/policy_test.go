@@ -194,10 +194,36 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonLeastLoad,
 		},
 		{
+			name: "a new prefix goes to cache room, not to whoever is idle this moment",
+			eps:  []ep{{info: withCapacity(healthy(0), 20000), other: 6000}, {info: withCapacity(healthy(second/2), 20000), other: 2000}},
+			want: []int{1}, reason: ReasonLeastLoad,
+		},
+		{
+			name: "but not to room behind a queue longer than a cold prefill",
+			eps:  []ep{{info: withCapacity(healthy(5*second), 100000)}, {info: withCapacity(healthy(0), 100000), other: 30000}},
+			want: []int{1}, reason: ReasonLeastLoad,
+		},
+		{
+			name: "a copy of a held prefix costs its room: queueing 1.5 s at the holder is cheaper",
+			eps:  []ep{{info: withCapacity(healthy(3*second/2), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10}, {info: withCapacity(healthy(0), 100000)}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			name: "a copy is made when the holder's queue outprices the room too",
+			eps:  []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10}, {info: withCapacity(healthy(0), 100000)}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
 			name: "this gateway's own in-flight load counts",
 			eps:  []ep{cold(0), cold(0)},
 			req:  Request{Local: []Local{{PrefillTokens: 2 * second, Requests: 3}}},
 			want: []int{1}, reason: ReasonLeastLoad,
+		},
+		{
+			name: "a prefix this gateway just sent to be prefilled counts as held before the index shows it",
+			eps:  []ep{cold(0), cold(0), cold(0)},
+			req:  Request{Local: []Local{{}, {PrefillTokens: promptTokens / 2, Requests: 1, Blocks: promptBlocks * 9 / 10}}},
+			want: []int{1}, reason: ReasonAffinity,
 		},
 		{
 			name: "a stale snapshot's load is ignored, its cache is not",
@@ -343,6 +369,33 @@ func TestHotPrefixSpreads(t *testing.T) {
 	}
 	if warmCopies != 2 || counts[0] < 80 {
 		t.Errorf("requests per endpoint %v, %d warm copies: want the prefix on two endpoints sharing it", counts, warmCopies)
+	}
+}
+
+// TestPlacementEven: sixteen new prefixes arriving one by one, each while
+// the endpoints' queues are whatever they happen to be, end up four to an
+// endpoint: where a prefix lands follows the room in the caches, not the
+// momentary idleness that the next arrival reshuffles.
+func TestPlacementEven(t *testing.T) {
+	p := picker(t, nil)
+	rng := rand.New(rand.NewPCG(7, 7))
+	for trial := range 20 {
+		groups := make([]int, 4)
+		for i := range 16 {
+			eps := make([]ep, 4)
+			for e := range eps {
+				eps[e] = ep{info: withCapacity(healthy(rng.IntN(second/2)), 40000), other: groups[e] * promptBlocks}
+			}
+			v, hashes := fixture(t, eps)
+			d := p.Pick(v, &Request{Model: model, Hashes: hashes, Random: rng.Uint64()})
+			if d.Reason != ReasonLeastLoad {
+				t.Fatalf("prefix %d: %v", i, d.Reason)
+			}
+			groups[d.Endpoint]++
+		}
+		if slices.Min(groups) != 4 {
+			t.Fatalf("trial %d: prefixes per endpoint %v, want 4 each", trial, groups)
+		}
 	}
 }
 

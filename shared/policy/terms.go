@@ -49,10 +49,15 @@ type cand struct {
 	others   float64 // seconds its work adds to the requests sharing the endpoint
 	evict    float64 // seconds of future prefill its eviction costs
 	price    float64 // what the choice minimises, seconds
+	prefill  float64 // seconds its own uncached tokens take to prefill there
+	fill     float64 // its cache's fill, pending prefills included; -1 unknown
+	capacity float64 // its cache's blocks
+	roomy    bool    // passed placeNew's test (all eligible do, unless the prompt is new to the pool)
 }
 
 // price fills in c for endpoint e, whose prefix match is mt and on which
-// this gateway has local in flight.
+// this gateway has local in flight; pool is the deepest match of any other
+// eligible endpoint.
 //
 // The prediction's terms: the request's uncached tokens there; the backlog
 // of uncached tokens ahead of it (this gateway's own, which the snapshot
@@ -70,12 +75,12 @@ type cand struct {
 // warm endpoint for a cold one to save a few milliseconds per token, and
 // pay for it with a full prefill that stalls every batch it lands in.
 // eviction prices the cached blocks the request's new blocks would push
-// out: their prefill time times how full the endpoint's cache is, so that
-// a prefix nobody holds goes where there is room, and all of it once the
-// cache would overflow.
-func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, local Local, stale bool, j *job) {
+// out: their prefill time times how full the endpoint's cache is, and all
+// of it once the cache would overflow; blocks another endpoint already
+// holds count in full, empty cache or not, so a prefix is copied only when
+// the queue at its holder costs more than a cold prefill plus the room.
+func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int32, local Local, stale bool, j *job) {
 	cfg := &p.cfg
-	c.eligible = true
 	eff := float64(mt.GPU) + cfg.CPUDiscount*float64(mt.Blocks-mt.GPU)
 	c.cached = min(j.prompt, eff*j.blockTokens)
 	c.uncached = j.prompt - c.cached
@@ -97,12 +102,21 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, local Lo
 	share := c.f.Running + c.f.Waiting
 	prefillCost, decodeCost := c.uncached*mdl.PerUncachedToken()*share, j.output*mdl.PerRunning()*share
 
+	c.prefill = c.uncached * mdl.PerUncachedToken()
+	c.fill = -1
 	if capacity := float64(e.IndexCapacity()); capacity > 0 {
+		c.capacity = capacity
 		held := float64(e.IndexBlocks())
+		c.fill = (held + c.f.Backlog/j.blockTokens) / capacity
 		added := float64(j.blocks - int(mt.Blocks))
+		// A block another endpoint already holds is a copy: the pool's
+		// room for it is spent twice, so it is priced as the eviction it
+		// will cause once the caches fill, however empty they are now.
+		copied := min(added, float64(max(pool-mt.Blocks, 0)))
 		// Each new block evicts with the odds of a full cache, and surely
 		// once the cache overflows; never more than the blocks it adds.
-		evicted := min(added, max(added*min(held/capacity, 1), held+added-capacity))
+		fresh := added - copied
+		evicted := copied + min(fresh, max(fresh*min(held/capacity, 1), held+added-capacity-copied))
 		c.evict = evicted * j.blockTokens / rate
 	}
 

@@ -1,0 +1,50 @@
+package policy
+
+// placeNew marks the candidates a prompt may go to. A prompt the pool
+// holds none of (within a block) starts a prefix that its followers will
+// come back for, wherever it lands: the load it meets now is paid once,
+// the share of the pool's traffic it brings is paid for as long as it
+// stays cached. So of the endpoints whose price is within one cold
+// prefill of the cheapest (a roomy endpoint with a long queue is passed
+// over), it may go only to those whose cache is within half this prompt
+// of the emptiest, counting the prefills in flight there, which the index
+// has not seen yet; the price picks among them. Placed so, the pool's
+// prefixes spread evenly over its caches whatever order they arrive in,
+// instead of following whichever endpoint is idle at the moment a prefix
+// is first seen. Any other prompt may go to any eligible endpoint.
+func placeNew(cands []cand, j *job) {
+	most, cheapest := 0.0, -1
+	for i := range cands {
+		c := &cands[i]
+		c.roomy = c.eligible
+		if !c.eligible {
+			continue
+		}
+		most = max(most, c.cached)
+		if cheapest < 0 || c.price < cands[cheapest].price {
+			cheapest = i
+		}
+	}
+	if cheapest < 0 || most >= j.blockTokens {
+		return
+	}
+	limit := cands[cheapest].price + cands[cheapest].prefill
+	emptiest := -1.0
+	for i := range cands {
+		c := &cands[i]
+		c.roomy = c.eligible && c.price <= limit
+		if c.roomy && c.fill >= 0 && (emptiest < 0 || c.fill < emptiest) {
+			emptiest = c.fill
+		}
+	}
+	if emptiest < 0 {
+		return
+	}
+	for i := range cands {
+		if c := &cands[i]; c.roomy && c.fill >= 0 {
+			// Half the prompt in the endpoint's own blocks: caches of
+			// different sizes fill in proportion.
+			c.roomy = c.fill-0.5*float64(j.blocks)/c.capacity <= emptiest
+		}
+	}
+}
