@@ -395,3 +395,31 @@ func TestLocalModeLearnsAcrossVMs(t *testing.T) {
 		t.Errorf("second turn on another VM: %q, want affinity to %s", d, home)
 	}
 }
+
+// TestPlacementSeenAcrossVMsBeforeTheSnapshot: a new prefix's first request
+// is still prefilling, so no snapshot shows it anywhere; a second request
+// sharing the prefix, on another worker VM, goes to the same endpoint
+// instead of being placed as new and splitting the prefix over two caches.
+func TestPlacementSeenAcrossVMsBeforeTheSnapshot(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	eps := engines(threeEndpoints...)
+	for i := range eps {
+		eps[i].IndexCapacity = 100_000
+	}
+	f := newFakeCachesync(t, eps...)
+	cfg := liveConfig(t, nil)
+	vm1, vm2 := newLiveVM(t, h, f, cfg), newLiveVM(t, h, f, cfg)
+	syncVMs(vm1, vm2)
+	system := strings.Repeat("a tenant's long system prompt ", 800)
+	first := send(t, vm1, postHeaders("/v1/chat/completions"), chatBody(t, "qwen", system, "question one"), 1<<20)
+	home := destination(t, first)
+	if d := decisionOf(t, first); !strings.Contains(d, "reason=least-load") {
+		t.Fatalf("first request: %q, want a least-load placement", d)
+	}
+	s := send(t, vm2, postHeaders("/v1/chat/completions"), chatBody(t, "qwen", system, "question two"), 1<<20)
+	if d := decisionOf(t, s); !strings.Contains(d, "endpoint="+home) || !strings.Contains(d, "reason=affinity") {
+		t.Errorf("second request on another VM: %q, want affinity to %s", d, home)
+	}
+	s.Close()
+	first.Close()
+}

@@ -38,6 +38,7 @@ type loadTracker struct {
 	slotOf    map[uint64]int
 	local     []policy.Local
 	corrupted bool
+	placed    placements
 }
 
 func endpointHash(addr string) uint64 { return xxhash.Sum64String(addr) }
@@ -84,8 +85,10 @@ func (t *loadTracker) read() bool {
 	return true
 }
 
-// locals returns the gateway's load per slot of the view's endpoint table.
-func (t *loadTracker) locals(v *snapshot.View) []policy.Local {
+// locals returns the gateway's load per slot of the view's endpoint table,
+// with the leading blocks of hashes that its recent placements are having
+// each endpoint prefill.
+func (t *loadTracker) locals(v *snapshot.View, hashes []uint64) []policy.Local {
 	m := v.Manifest()
 	n := m.NumEndpoints()
 	if t.slotOf == nil || t.gen != m.Generation() {
@@ -102,11 +105,18 @@ func (t *loadTracker) locals(v *snapshot.View) []policy.Local {
 	}
 	t.local = t.local[:n]
 	clear(t.local)
+	t.placed.match(hashes, t.addPlaced)
 	if !t.read() {
 		return t.local
 	}
 	t.table.Each(time.Now().UnixMilli(), t.ttl.Milliseconds(), t.add)
 	return t.local
+}
+
+func (t *loadTracker) addPlaced(endpoint uint64, blocks int) {
+	if i, ok := t.slotOf[endpoint]; ok {
+		t.local[i].Blocks = max(t.local[i].Blocks, blocks)
+	}
 }
 
 func (t *loadTracker) add(e inflight.Entry) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/filter/internal/inflight"
+	"github.com/kvroute/kvroute/filter/internal/placed"
 	"github.com/kvroute/kvroute/filter/proxywasm"
 	"github.com/kvroute/kvroute/filter/proxywasm/types"
 	"github.com/kvroute/kvroute/shared/predict"
@@ -264,6 +265,11 @@ func (h *httpContext) account(d *decision) {
 	h.prefillPending = int64(d.policy.UncachedTokens)
 	h.requestPending = true
 	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: h.prefillPending, Requests: 1})
+	// A prompt that leaves a stride or more to prefill is remembered for
+	// the requests sharing it that come before the snapshot shows it.
+	if hashes := h.plugin.router.hashes; d.reason != reasonRendezvous && d.policy.Blocks+placed.Stride <= len(hashes) {
+		h.plugin.load.placed.add(h.endpoint, hashes, d.policy.Chosen.TTFT)
+	}
 }
 
 // report queues the decision for the index: cachesync's (through the

@@ -116,8 +116,8 @@ func newRouter(cfg config, seed uint64) (*router, error) {
 }
 
 // loads fills the gateway's own in-flight load per slot of the view's
-// endpoint table.
-type loads func(v *snapshot.View) []policy.Local
+// endpoint table, for the prompt of chained block hashes.
+type loads func(v *snapshot.View, hashes []uint64) []policy.Local
 
 // route picks the endpoint for a complete request body: by policy over the
 // snapshot when the view holds one, by rendezvous over the configured
@@ -147,7 +147,7 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 			OutputTokens: p.MaxTokens,
 			SLOTTFT:      o.sloTTFT,
 			SLOTPOT:      o.sloTPOT,
-			Local:        local(view),
+			Local:        local(view, r.hashes),
 			Stale:        o.stale,
 			Random:       r.next(),
 		}

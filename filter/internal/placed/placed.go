@@ -1,0 +1,191 @@
+// Package placed remembers the prompts a gateway recently sent to an
+// endpoint to prefill, until cachesync's index can be expected to show
+// them.
+//
+// Between a routing decision and the snapshot that shows the engine holding
+// the prompt lie the prefill, the engine's KV event, cachesync's next
+// build and the filter's next fetch: a second or more. A request sharing
+// the prefix that arrives meanwhile would see no endpoint holding it, be
+// placed as a new prefix, and split the prefix over two caches. So every
+// worker VM records what it sent where in one Envoy shared-data value, and
+// reads it for the policy as a lower bound of what each endpoint will hold.
+//
+// A prompt is recorded by samples of its chained block hashes, one every
+// Stride blocks: two prompts whose samples agree up to depth d share their
+// first d blocks (a chained hash names its whole prefix), so a match is
+// exact to within a stride and costs one comparison per sample.
+//
+// Encoding, little endian:
+//
+//	"KVPL" u16 version u16 entries
+//	per entry: u64 endpoint hash, i64 expiry (unix ms), u16 samples,
+//	           samples x u64 block hash
+//
+// A Table is decoded into and reused, so the request path does not allocate
+// once its slices have grown.
+package placed
+
+import (
+	"encoding/binary"
+	"errors"
+)
+
+const (
+	magic     = "KVPL"
+	version   = 1
+	headSize  = 8
+	entryHead = 18
+	// Stride is the distance, in blocks, between a prompt's samples.
+	Stride = 16
+	// MaxSamples bounds one entry: prompts are matched up to
+	// Stride x MaxSamples blocks (128 KiB of text at 64-byte blocks).
+	MaxSamples = 128
+	// MaxEntries bounds the table; the oldest entry makes way.
+	MaxEntries = 64
+)
+
+var le = binary.LittleEndian
+
+// ErrCorrupt reports a value that is not a placement table. Callers treat
+// it as empty: forgetting recent placements only costs the affinity of the
+// requests that follow them closely.
+var ErrCorrupt = errors.New("placed: corrupt table")
+
+// Entry is one placement.
+type Entry struct {
+	Endpoint uint64 // hash of the endpoint's address
+	Expires  int64  // unix milliseconds
+	Samples  []uint64
+}
+
+// Table is a decoded placement table, oldest entry first.
+type Table struct {
+	entries []Entry
+	spare   [][]uint64 // sample slices of dropped entries, for reuse
+}
+
+// Decode replaces t's contents with the encoded table b; an empty b is an
+// empty table. On error t is left empty.
+func (t *Table) Decode(b []byte) error {
+	t.reset()
+	if len(b) == 0 {
+		return nil
+	}
+	if len(b) < headSize || string(b[:4]) != magic || le.Uint16(b[4:]) != version {
+		return ErrCorrupt
+	}
+	n := int(le.Uint16(b[6:]))
+	if n > MaxEntries {
+		return ErrCorrupt
+	}
+	b = b[headSize:]
+	for range n {
+		if len(b) < entryHead {
+			t.reset()
+			return ErrCorrupt
+		}
+		k := int(le.Uint16(b[16:]))
+		if k > MaxSamples || len(b) < entryHead+8*k {
+			t.reset()
+			return ErrCorrupt
+		}
+		e := t.grow()
+		e.Endpoint, e.Expires = le.Uint64(b), int64(le.Uint64(b[8:]))
+		for i := range k {
+			e.Samples = append(e.Samples, le.Uint64(b[entryHead+8*i:]))
+		}
+		b = b[entryHead+8*k:]
+	}
+	if len(b) != 0 {
+		t.reset()
+		return ErrCorrupt
+	}
+	return nil
+}
+
+// Append appends t's encoding to dst.
+func (t *Table) Append(dst []byte) []byte {
+	dst = append(dst, magic...)
+	dst = le.AppendUint16(dst, version)
+	dst = le.AppendUint16(dst, uint16(len(t.entries)))
+	for _, e := range t.entries {
+		dst = le.AppendUint64(dst, e.Endpoint)
+		dst = le.AppendUint64(dst, uint64(e.Expires))
+		dst = le.AppendUint16(dst, uint16(len(e.Samples)))
+		for _, s := range e.Samples {
+			dst = le.AppendUint64(dst, s)
+		}
+	}
+	return dst
+}
+
+// Add records that the prompt of chained block hashes went to endpoint
+// until expires, dropping the entries expired at now, and the oldest if the
+// table is full. A prompt shorter than a stride is not recorded: it has
+// nothing to match.
+func (t *Table) Add(endpoint uint64, hashes []uint64, now, expires int64) {
+	kept := t.entries[:0]
+	for _, e := range t.entries {
+		if e.Expires > now {
+			kept = append(kept, e)
+		} else {
+			t.spare = append(t.spare, e.Samples[:0])
+		}
+	}
+	clear(t.entries[len(kept):])
+	t.entries = kept
+	k := min(len(hashes)/Stride, MaxSamples)
+	if k == 0 {
+		return
+	}
+	if len(t.entries) == MaxEntries {
+		t.spare = append(t.spare, t.entries[0].Samples[:0])
+		copy(t.entries, t.entries[1:])
+		t.entries[len(t.entries)-1] = Entry{}
+		t.entries = t.entries[:len(t.entries)-1]
+	}
+	e := t.grow()
+	e.Endpoint, e.Expires = endpoint, expires
+	for i := range k {
+		e.Samples = append(e.Samples, hashes[(i+1)*Stride-1])
+	}
+}
+
+// Match calls fn for every entry live at now that shares at least a stride
+// of leading blocks with the prompt of chained block hashes, with its
+// endpoint and the blocks shared (a multiple of Stride).
+func (t *Table) Match(hashes []uint64, now int64, fn func(endpoint uint64, blocks int)) {
+	for _, e := range t.entries {
+		if e.Expires <= now {
+			continue
+		}
+		k := 0
+		for k < len(e.Samples) && (k+1)*Stride <= len(hashes) && hashes[(k+1)*Stride-1] == e.Samples[k] {
+			k++
+		}
+		if k > 0 {
+			fn(e.Endpoint, k*Stride)
+		}
+	}
+}
+
+// Len returns the entries held, expired ones included.
+func (t *Table) Len() int { return len(t.entries) }
+
+func (t *Table) reset() {
+	for _, e := range t.entries {
+		t.spare = append(t.spare, e.Samples[:0])
+	}
+	clear(t.entries)
+	t.entries = t.entries[:0]
+}
+
+// grow appends an empty entry, reusing a dropped entry's samples.
+func (t *Table) grow() *Entry {
+	var s []uint64
+	if n := len(t.spare); n > 0 {
+		s, t.spare = t.spare[n-1], t.spare[:n-1]
+	}
+	t.entries = append(t.entries, Entry{Samples: s})
+	return &t.entries[len(t.entries)-1]
+}

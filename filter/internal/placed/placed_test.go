@@ -1,0 +1,135 @@
+package placed
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+// prompt returns n chained hashes: prompts made with the same id share
+// their first shared blocks, then part.
+func prompt(id uint64, shared, n int) []uint64 {
+	h := make([]uint64, n)
+	for i := range h {
+		h[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+		if i >= shared {
+			h[i] ^= id << 32
+		}
+	}
+	return h
+}
+
+type hit struct {
+	endpoint uint64
+	blocks   int
+}
+
+func matches(t *Table, hashes []uint64, now int64) []hit {
+	var got []hit
+	t.Match(hashes, now, func(e uint64, b int) { got = append(got, hit{e, b}) })
+	return got
+}
+
+func TestMatch(t *testing.T) {
+	var tab Table
+	tab.Add(0xa, prompt(1, 600, 700), 0, 1000)
+	tab.Add(0xb, prompt(2, 100, 120), 0, 1000)
+	tab.Add(0xc, prompt(3, 0, 10), 0, 1000) // shorter than a stride: not recorded
+	tests := []struct {
+		name   string
+		hashes []uint64
+		now    int64
+		want   []hit
+	}{
+		{"the same prompt: all its full strides", prompt(1, 600, 700), 10, []hit{{0xa, 688}, {0xb, 96}}},
+		{"a prompt sharing 600 blocks: to within a stride", prompt(9, 600, 700), 10, []hit{{0xa, 592}, {0xb, 96}}},
+		{"sharing less than a stride", prompt(9, 15, 700), 10, nil},
+		{"a prompt shorter than the entry", prompt(1, 600, 40), 10, []hit{{0xa, 32}, {0xb, 32}}},
+		{"expired", prompt(1, 600, 700), 1000, nil},
+	}
+	for _, tt := range tests {
+		if got := matches(&tab, tt.hashes, tt.now); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestRoundTripAndBounds(t *testing.T) {
+	var tab Table
+	for i := range MaxEntries + 5 {
+		tab.Add(uint64(i), prompt(uint64(i), 0, Stride*(MaxSamples+10)), int64(i), 1_000_000)
+	}
+	if tab.Len() != MaxEntries {
+		t.Fatalf("%d entries, want the newest %d", tab.Len(), MaxEntries)
+	}
+	var got Table
+	if err := got.Decode(tab.Append(nil)); err != nil {
+		t.Fatal(err)
+	}
+	h := matches(&got, prompt(MaxEntries+4, 0, Stride*(MaxSamples+10)), 0)
+	if len(h) != 1 || h[0] != (hit{MaxEntries + 4, Stride * MaxSamples}) {
+		t.Errorf("matched %v: want the newest entry, to its last sample", h)
+	}
+	if h := matches(&got, prompt(0, 0, 100), 0); len(h) != 0 {
+		t.Errorf("the oldest entry survived: %v", h)
+	}
+	// Adding drops what expired.
+	got.Add(1, prompt(1, 0, 100), 2_000_000, 3_000_000)
+	if got.Len() != 1 {
+		t.Errorf("%d entries after the rest expired", got.Len())
+	}
+}
+
+func TestDecodeCorrupt(t *testing.T) {
+	var tab Table
+	tab.Add(1, prompt(1, 0, 100), 0, 10)
+	good := tab.Append(nil)
+	for _, b := range [][]byte{
+		[]byte("KVPL"),
+		append([]byte("XXXX"), good[4:]...),
+		good[:len(good)-1],
+		append(slices.Clone(good), 0),
+	} {
+		var got Table
+		if err := got.Decode(b); !errors.Is(err, ErrCorrupt) || got.Len() != 0 {
+			t.Errorf("Decode(%q) = %v with %d entries", b, err, got.Len())
+		}
+	}
+	var empty Table
+	if err := empty.Decode(nil); err != nil || empty.Len() != 0 {
+		t.Errorf("empty value: %v", err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	var tab Table
+	tab.Add(1, prompt(1, 0, 100), 0, 10)
+	f.Add(tab.Append(nil))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var got Table
+		if got.Decode(b) == nil {
+			var again Table
+			if err := again.Decode(got.Append(nil)); err != nil || again.Len() != got.Len() {
+				t.Fatalf("re-encoding failed: %v", err)
+			}
+		}
+	})
+}
+
+func TestNoAllocsOnceGrown(t *testing.T) {
+	var tab Table
+	h := prompt(1, 0, 700)
+	buf := make([]byte, 0, 1<<16)
+	for range MaxEntries * 2 {
+		tab.Add(1, h, 0, 10)
+	}
+	buf = tab.Append(buf[:0])
+	n := testing.AllocsPerRun(100, func() {
+		_ = tab.Decode(buf)
+		tab.Add(2, h, 0, 10)
+		tab.Match(h, 0, func(uint64, int) {})
+	})
+	if n != 0 {
+		t.Errorf("%v allocations per decode, add and match", n)
+	}
+}
