@@ -265,9 +265,11 @@ func (h *httpContext) account(d *decision) {
 	h.prefillPending = int64(d.policy.UncachedTokens)
 	h.requestPending = true
 	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: h.prefillPending, Requests: 1})
-	// A prompt that leaves a stride or more to prefill is remembered for
-	// the requests sharing it that come before the snapshot shows it.
-	if hashes := h.plugin.router.hashes; d.reason != reasonRendezvous && d.policy.Blocks+placed.Stride <= len(hashes) {
+	// A prompt mostly new to its endpoint (a new prefix, or a copy) is
+	// remembered for the requests sharing it that come before the snapshot
+	// shows it. One mostly cached adds only its own tail, which the
+	// requests that follow closely do not share.
+	if hashes := h.plugin.router.hashes; d.reason != reasonRendezvous && 2*d.policy.Blocks < len(hashes) && d.policy.Blocks+placed.Stride <= len(hashes) {
 		h.plugin.load.placed.add(h.endpoint, hashes, d.policy.Chosen.TTFT)
 	}
 }
