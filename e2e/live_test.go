@@ -27,6 +27,8 @@ type fakeCachesync struct {
 	fetches []string
 	reports []report.Batch
 	auth    []string
+	// snapshotAuth is each snapshot request's authorization header.
+	snapshotAuth []string
 }
 
 func newFakeCachesync(t testing.TB, eps ...snapshot.EndpointInfo) *fakeCachesync {
@@ -94,6 +96,7 @@ func (f *fakeCachesync) serve(c *wasmhost.Callout) wasmhost.CalloutResponse {
 		return wasmhost.CalloutResponse{Headers: [][2]string{{":status", "202"}}}
 	}
 	f.fetches = append(f.fetches, path)
+	f.snapshotAuth = append(f.snapshotAuth, c.Header("authorization"))
 	since, _ := strconv.ParseUint(path[strings.Index(path, "since=")+6:], 10, 64)
 	if since == f.img.Generation() {
 		return wasmhost.CalloutResponse{Headers: [][2]string{{":status", "304"}}}
@@ -248,6 +251,11 @@ func TestReportsReachCachesyncWithToken(t *testing.T) {
 	}
 	if f.auth[0] != "Bearer s3cret" {
 		t.Errorf("report authorization %q", f.auth[0])
+	}
+	for _, a := range f.snapshotAuth {
+		if a != "Bearer s3cret" {
+			t.Errorf("snapshot fetched with authorization %q: its hashes would be open to anyone", a)
+		}
 	}
 	var got []uint64
 	for e := range f.reports[0].Records() {
@@ -422,4 +430,43 @@ func TestPlacementSeenAcrossVMsBeforeTheSnapshot(t *testing.T) {
 	}
 	s.Close()
 	first.Close()
+}
+
+// TestCacheSaltIsolatesTenants: a request with vLLM's cache_salt matches
+// only blocks cached under the same salt, as in the engine: one tenant's
+// prefix never draws another tenant's request, nor an unsalted one.
+func TestCacheSaltIsolatesTenants(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	eps := engines(threeEndpoints...)
+	f := newFakeCachesync(t, eps...)
+	vm := newLiveVM(t, h, f, liveConfig(t, nil))
+	plain := chatBody(t, "qwen", strings.Repeat("a prefix both tenants send ", 100), "q")
+	salted := func(salt string) []byte { return append([]byte(`{"cache_salt":"`+salt+`",`), plain[1:]...) }
+	p, err := prompt.Render(nil, plain, prompt.ChatML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashesOf := func(salt string) []uint64 {
+		return blockhash.Append(nil, blockhash.Salted(blockhash.Seed(p.Model, ""), salt), p.Text, blockhash.Config{})
+	}
+	f.hold(threeEndpoints[0], hashesOf(""))
+	f.hold(threeEndpoints[1], hashesOf("tenant-a"))
+	syncVMs(vm)
+	for _, tc := range []struct {
+		name   string
+		body   []byte
+		want   string // endpoint, "" for any placement by load
+		reason string
+	}{
+		{"unsalted: the unsalted copy", plain, threeEndpoints[0], "reason=affinity"},
+		{"tenant a: its own copy", salted("tenant-a"), threeEndpoints[1], "reason=affinity"},
+		{"tenant b: nobody's copy is its", salted("tenant-b"), "", "reason=least-load"},
+	} {
+		s := send(t, vm, postHeaders("/v1/chat/completions"), tc.body, 1<<20)
+		d := decisionOf(t, s)
+		if !strings.Contains(d, tc.reason) || (tc.want != "" && !strings.Contains(d, "endpoint="+tc.want+";")) {
+			t.Errorf("%s: %q, want %s %s", tc.name, d, tc.reason, tc.want)
+		}
+		s.Close()
+	}
 }

@@ -169,6 +169,11 @@ func (s *syncer) fetch() {
 		since = m.Generation()
 	}
 	headers := [][2]string{{":method", "GET"}, {":path", syncapi.SnapshotQuery(c.snapshotPath, since)}, {":authority", c.authority}}
+	// The snapshot's hashes tell whoever reads it which prompts were sent
+	// lately, so cachesync asks for the token here too.
+	if c.reportToken != "" {
+		headers = append(headers, [2]string{"authorization", syncapi.Bearer(c.reportToken)})
+	}
 	if since > 0 {
 		headers = append(headers, [2]string{"if-none-match", syncapi.ETag(since)})
 	}
@@ -191,6 +196,9 @@ func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 		s.fetchSucceeded()
 		return
 	case syncapi.StatusSnapshot:
+	case http401:
+		s.fetchFailed("fetch snapshot: cachesync refused the token (401): set the cachesync block's report_token to one cachesync accepts")
+		return
 	default:
 		s.fetchFailed("fetch snapshot: cachesync answered " + strconv.Itoa(status))
 		return
@@ -211,6 +219,9 @@ func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 	s.m.fetched.Increment(uint64(len(body)))
 	s.refresh(time.Now())
 }
+
+// http401 is Unauthorized; net/http is not linked into the filter.
+const http401 = 401
 
 // callStatus returns the status of the callout response at hand, 0 when
 // there is none or it is not a status.

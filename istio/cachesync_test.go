@@ -51,8 +51,8 @@ func TestCachesyncManifest(t *testing.T) {
 	if err != nil {
 		t.Fatalf("cachesync rejects its manifest's arguments: %v", err)
 	}
-	if cfg.ReportToken == "" || cfg.K8sService != "llm/vllm" {
-		t.Errorf("parsed %+v: want a report token and the engines' Service llm/vllm", cfg)
+	if cfg.ReportTokenFile != token || cfg.K8sService != "llm/vllm" {
+		t.Errorf("parsed %+v: want the Secret's token file and the engines' Service llm/vllm", cfg)
 	}
 
 	// The filter's cachesync cluster is istiod's outbound cluster of the Service.

@@ -41,12 +41,15 @@ type Config struct {
 	Tokenizer string
 	Hash      blockhash.Config // must match the filters' block_size and max_blocks
 
-	SyncInterval   time.Duration // snapshot build interval
-	ReportToken    string        // bearer token gateways send with reports; "" disables reports
-	ScrapeInterval time.Duration
-	ScrapeMisses   int
-	Calibration    calibrate.Config
-	BytesPerToken  float64 // sizes approximate indexes from KV capacity; published to the filters in the snapshot
+	SyncInterval time.Duration // snapshot build interval
+	ReportToken  string        // bearer token gateways send with reports and snapshot requests
+	// ReportTokenFile holds more tokens, one per line, reloaded when it
+	// changes. With neither, reports are disabled and the snapshot is open.
+	ReportTokenFile string
+	ScrapeInterval  time.Duration
+	ScrapeMisses    int
+	Calibration     calibrate.Config
+	BytesPerToken   float64 // sizes approximate indexes from KV capacity; published to the filters in the snapshot
 	// PendingTTL, when positive, makes the blocks a routing report names
 	// for a precise endpoint count until its events confirm them, for that
 	// long (index.Config.PendingTTL); 0 leaves them to the events alone.
@@ -77,8 +80,8 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.Hash.BlockSize, "block-size", blockhash.DefaultBlockSize, "text block size in bytes; must match the filters")
 	fs.IntVar(&c.Hash.MaxBlocks, "max-blocks", blockhash.DefaultMaxBlocks, "blocks hashed per prompt at most; must match the filters")
 	fs.DurationVar(&c.SyncInterval, "sync-interval", index.DefaultInterval, "least time between snapshot builds")
-	fs.StringVar(&c.ReportToken, "report-token", "", "bearer token gateways present with routing reports; empty disables reports")
-	reportTokenFile := fs.String("report-token-file", "", "file holding the report token")
+	fs.StringVar(&c.ReportToken, "report-token", "", "bearer token gateways present with routing reports and snapshot requests; with no token, reports are disabled and the snapshot is open")
+	fs.StringVar(&c.ReportTokenFile, "report-token-file", "", "file of accepted tokens, one per line (# comments), reloaded when it changes: rotate by adding the new token, moving the gateways, removing the old")
 	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", scrape.DefaultInterval, "time between metric scrapes of an engine")
 	fs.IntVar(&c.ScrapeMisses, "scrape-misses", scrape.DefaultMisses, "failed scrapes in a row before an engine is unhealthy")
 	fs.Float64Var(&c.Calibration.Default, "prefill-rate", calibrate.DefaultRate, "prefill tokens/s assumed until calibrated")
@@ -107,13 +110,6 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	})
 	if envErr != nil {
 		return c, envErr
-	}
-	if *reportTokenFile != "" {
-		b, err := os.ReadFile(*reportTokenFile)
-		if err != nil {
-			return c, fmt.Errorf("report-token-file: %w", err)
-		}
-		c.ReportToken = strings.TrimSpace(string(b))
 	}
 	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return c, fmt.Errorf("log-level: %w", err)

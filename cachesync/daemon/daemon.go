@@ -55,7 +55,11 @@ type Daemon struct {
 	listeners map[string]*kvevents.Listener
 	// silence is eventSilence, shorter in tests.
 	silence time.Duration
-	models  *models
+	// tokenPoll is tokenFilePoll, shorter in tests; tokenFile is the token
+	// file's contents as last read.
+	tokenPoll time.Duration
+	tokenFile []byte
+	models    *models
 }
 
 // maxDecodePrefill is the largest share of its prefill rate an engine may
@@ -101,6 +105,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		cfg: cfg, log: log, reg: prometheus.NewRegistry(),
 		scrapes: make(chan scrape.State, 256), discovered: make(chan struct{}),
 		engines: map[string]*engine{}, listeners: map[string]*kvevents.Listener{}, silence: eventSilence,
+		tokenPoll: tokenFilePoll,
 	}
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.models = newModels(d.reg)
@@ -122,14 +127,20 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		OnOutcome: d.models.outcome, Registerer: d.reg, Logger: log}); err != nil {
 		return nil, err
 	}
+	var fileTokens []string
+	if cfg.ReportTokenFile != "" {
+		if fileTokens, d.tokenFile, err = readTokens(cfg.ReportTokenFile); err != nil {
+			return nil, err
+		}
+	}
 	if d.svc, err = service.New(service.Config{
-		Index: d.ix, Token: cfg.ReportToken, Registry: d.reg, Discovered: d.discovered, Logger: log,
+		Index: d.ix, Tokens: d.tokens(fileTokens), Registry: d.reg, Discovered: d.discovered, Logger: log,
 		ReportLimits: reportLimits(cfg),
 	}); err != nil {
 		return nil, err
 	}
-	if cfg.ReportToken == "" {
-		log.Warn("no report token: POST /v1/reports is disabled, so approximate engines learn nothing")
+	if len(d.tokens(fileTokens)) == 0 {
+		log.Warn("no report token: POST /v1/reports is disabled, so approximate engines learn nothing, and the snapshot is open to anyone who reaches the port")
 	}
 	d.reg.MustRegister(&collector{d: d})
 	if d.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -163,6 +174,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	}
 	run("index", d.ix.Run)
+	if d.cfg.ReportTokenFile != "" {
+		run("report token file", func(ctx context.Context) error { return d.watchTokens(ctx, d.tokenFile) })
+	}
 	run("api", func(ctx context.Context) error { return d.svc.Serve(ctx, d.ln) })
 	scraper, err := scrape.Start(ctx, scrape.Config{
 		Interval: d.cfg.ScrapeInterval, Misses: d.cfg.ScrapeMisses, Calibration: d.cfg.Calibration,

@@ -8,6 +8,8 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,14 +32,16 @@ const model = "Qwen/Qwen2.5-7B-Instruct"
 type fetcher struct {
 	t     *testing.T
 	url   string
+	token string
 	store map[string][]byte
 	keys  *snapshot.Keys
 	view  *snapshot.View
 }
 
-func newFetcher(t *testing.T, addr string) *fetcher {
+// newFetcher fetches d's snapshots as a gateway does, with d's token.
+func newFetcher(t *testing.T, d *Daemon) *fetcher {
 	keys := snapshot.NewKeys("t/")
-	return &fetcher{t: t, url: "http://" + addr, store: map[string][]byte{}, keys: keys, view: snapshot.NewView(keys)}
+	return &fetcher{t: t, url: "http://" + d.Addr(), token: d.cfg.ReportToken, store: map[string][]byte{}, keys: keys, view: snapshot.NewView(keys)}
 }
 
 func (f *fetcher) sync() {
@@ -45,7 +49,14 @@ func (f *fetcher) sync() {
 	if m := f.view.Manifest(); m != nil {
 		since = m.Generation()
 	}
-	resp, err := http.Get(f.url + "/v1/snapshot?since=" + strconv.FormatUint(since, 10))
+	req, err := http.NewRequest("GET", f.url+"/v1/snapshot?since="+strconv.FormatUint(since, 10), nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if f.token != "" {
+		req.Header.Set("Authorization", "Bearer "+f.token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -116,6 +127,14 @@ func eventually(t *testing.T, what string, f func() bool) {
 
 func startDaemon(t *testing.T, cfg Config) *Daemon {
 	t.Helper()
+	d := newDaemon(t, cfg)
+	runDaemon(t, d)
+	return d
+}
+
+// newDaemon builds a daemon for cfg with test intervals, not yet running.
+func newDaemon(t *testing.T, cfg Config) *Daemon {
+	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	if cfg.SyncInterval == 0 {
 		cfg.SyncInterval = 50 * time.Millisecond
@@ -127,6 +146,12 @@ func startDaemon(t *testing.T, cfg Config) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return d
+}
+
+// runDaemon runs d until the test ends.
+func runDaemon(t *testing.T, d *Daemon) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- d.Run(ctx) }()
@@ -136,7 +161,6 @@ func startDaemon(t *testing.T, cfg Config) *Daemon {
 			t.Errorf("daemon: %v", err)
 		}
 	})
-	return d
 }
 
 func chat(t *testing.T, url, system, user string) []byte {
@@ -175,7 +199,7 @@ func TestPreciseIndexFollowsEngines(t *testing.T) {
 		spec = append(spec, e.Addr()+"?events="+e.EventsEndpoint()+"&replay="+e.ReplayEndpoint())
 	}
 	d := startDaemon(t, Config{Engines: strings.Join(spec, ","), Tokenizer: "cl100k_base"})
-	f := newFetcher(t, d.Addr())
+	f := newFetcher(t, d)
 
 	// Warm engine 0 directly: only its events can tell cachesync.
 	body := chat(t, es[0].URL(), strings.Repeat("You audit invoices for ACME. ", 30), "first question")
@@ -223,7 +247,7 @@ func TestApproximateIndexFromReports(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, Config{Engines: es[0].Addr() + "," + es[1].Addr(), ReportToken: "tok"})
-	f := newFetcher(t, d.Addr())
+	f := newFetcher(t, d)
 	hashes := []uint64{11, 22, 33, 44}
 	batch, err := report.AppendRecord(nil, &report.Record{Endpoint: es[1].Addr(), Model: model, Hashes: hashes})
 	if err != nil {
@@ -375,7 +399,7 @@ func TestPreciseIndexFromConnectingPublishers(t *testing.T) {
 			t.Errorf("daemon: %v", err)
 		}
 	})
-	f := newFetcher(t, d.Addr())
+	f := newFetcher(t, d)
 
 	for i, e := range es[:2] {
 		body := chat(t, e.URL(), strings.Repeat("Tenant "+strconv.Itoa(i)+" audits invoices. ", 30), "first question")
@@ -419,7 +443,7 @@ func TestLatencyModelsFromOutcomes(t *testing.T) {
 	}
 	e, twin := es[0], es[1]
 	d := startDaemon(t, Config{Engines: e.Addr() + "," + twin.Addr(), ReportToken: "tok"})
-	f := newFetcher(t, d.Addr())
+	f := newFetcher(t, d)
 	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
 	// An engine's deployment (model and KV size) is known once its models
 	// are.
@@ -504,4 +528,55 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "")
+}
+
+// TestTokenFileRotation: the token file is reloaded while cachesync runs,
+// so a token is rotated without a restart: both are accepted while the
+// gateways move, then only the new one.
+func TestTokenFileRotation(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("# gateways' token\nold\n")
+	d := newDaemon(t, Config{Engines: "127.0.0.1:1", ReportTokenFile: path})
+	d.tokenPoll = 10 * time.Millisecond
+	runDaemon(t, d)
+	status := func(tok string) int {
+		req, _ := http.NewRequest("GET", "http://"+d.Addr()+"/v1/snapshot", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// until waits for the token file's next reload to take effect.
+	until := func(tok string, want bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for (status(tok) != http.StatusUnauthorized) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("token %q accepted = %v after 5 s, want %v", tok, !want, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	until("old", true)
+	until("new", false)
+	write("old\nnew\n")
+	until("new", true)
+	until("old", true)
+	write("new\n")
+	until("old", false)
+	until("new", true)
+	// An unreadable file keeps the tokens last read.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	until("new", true)
 }

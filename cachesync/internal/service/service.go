@@ -1,7 +1,7 @@
 // Package service is cachesync's HTTP API; the snapshot and report
 // endpoints follow the contract in shared/syncapi:
 //
-//	GET  /v1/snapshot?since=<generation>  the latest snapshot as a transport bundle
+//	GET  /v1/snapshot?since=<generation>  the latest snapshot as a transport bundle (bearer token)
 //	POST /v1/reports                      routing reports from gateways (bearer token)
 //	GET  /metrics                         Prometheus metrics
 //	GET  /healthz                         the process is alive
@@ -16,7 +16,11 @@
 //
 // Reports feed the approximate index that every gateway routes on, so
 // they require a shared token: without one configured the endpoint is
-// disabled, and a stranger cannot poison the index.
+// disabled, and a stranger cannot poison the index. The snapshot requires
+// the same token when one is configured: its block hashes let whoever
+// reads it test whether a guessed prompt prefix was sent lately, a
+// membership oracle across tenants. Several tokens may be accepted at once
+// (SetTokens), so that gateways move to a new one without a restart.
 package service
 
 import (
@@ -31,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,9 +65,10 @@ const maxCachedBundles = 8
 type Config struct {
 	// Index is the snapshot source and the report sink; required.
 	Index *index.Index
-	// Token is the bearer token gateways present with reports. Empty
-	// disables the report endpoint (403).
-	Token string
+	// Tokens are the bearer tokens gateways may present with reports and
+	// snapshot requests. None disables the report endpoint (403) and
+	// leaves the snapshot open to whoever reaches the port.
+	Tokens []string
 	// MaxReportBytes bounds a report body (413 beyond); 0 means
 	// DefaultMaxReportBytes.
 	MaxReportBytes int64
@@ -86,7 +92,7 @@ type Config struct {
 // Server serves the API. Its Handler is safe for concurrent use.
 type Server struct {
 	ix         *index.Index
-	token      *[sha256.Size]byte // nil: reports disabled
+	tokens     atomic.Pointer[[][sha256.Size]byte] // digests; none: reports disabled, snapshot open
 	maxBody    int64
 	limits     report.Limits
 	reg        *prometheus.Registry
@@ -120,10 +126,7 @@ func New(cfg Config) (*Server, error) {
 		grace:      cfg.ShutdownGrace,
 		log:        cfg.Logger,
 	}
-	if cfg.Token != "" {
-		sum := sha256.Sum256([]byte(cfg.Token))
-		s.token = &sum
-	}
+	s.SetTokens(cfg.Tokens...)
 	if s.maxBody == 0 {
 		s.maxBody = DefaultMaxReportBytes
 	}
@@ -144,7 +147,7 @@ func New(cfg Config) (*Server, error) {
 	s.m = metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "snapshot_requests_total",
-			Help: "Snapshot requests by result: full, delta, not_modified, unavailable, bad_request.",
+			Help: "Snapshot requests by result: full, delta, not_modified, unavailable, bad_request, unauthorized.",
 		}, []string{"result"}),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "snapshot_sent_bytes_total", Help: "Bytes of snapshot bundles sent.",
@@ -235,6 +238,12 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		text(w, http.StatusMethodNotAllowed, "use GET")
+		return
+	}
+	if len(*s.tokens.Load()) > 0 && !s.authorized(r.Header.Get("Authorization")) {
+		s.m.requests.WithLabelValues("unauthorized").Inc()
+		w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
+		text(w, http.StatusUnauthorized, "missing or wrong bearer token")
 		return
 	}
 	var since uint64
@@ -345,7 +354,7 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 		s.reject(w, r, http.StatusMethodNotAllowed, "method", "use POST")
 		return
 	}
-	if s.token == nil {
+	if len(*s.tokens.Load()) == 0 {
 		s.reject(w, r, http.StatusForbidden, "disabled", "reports are disabled: cachesync has no report token")
 		return
 	}
@@ -382,15 +391,32 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// authorized checks an Authorization header against the token in constant
-// time: both sides are hashed first, so not even the length leaks.
+// SetTokens replaces the accepted bearer tokens; empty ones are ignored.
+// Requests already past their check are not affected.
+func (s *Server) SetTokens(tokens ...string) {
+	sums := make([][sha256.Size]byte, 0, len(tokens))
+	for _, t := range tokens {
+		if t != "" {
+			sums = append(sums, sha256.Sum256([]byte(t)))
+		}
+	}
+	s.tokens.Store(&sums)
+}
+
+// authorized checks an Authorization header against every accepted token
+// in constant time: both sides are hashed first, so not even the length
+// leaks, and every token is compared, so neither does which one matched.
 func (s *Server) authorized(header string) bool {
 	cred, ok := syncapi.ParseBearer(header)
 	if !ok {
 		return false
 	}
 	sum := sha256.Sum256([]byte(cred))
-	return subtle.ConstantTimeCompare(sum[:], s.token[:]) == 1
+	match := 0
+	for _, t := range *s.tokens.Load() {
+		match |= subtle.ConstantTimeCompare(sum[:], t[:])
+	}
+	return match == 1
 }
 
 // readBody reads at most limit bytes of the request body, in one

@@ -30,6 +30,9 @@ type fixture struct {
 	ix  *index.Index
 	srv *Server
 	ts  *httptest.Server
+	// auth is the Authorization header pair a gateway sends, if the
+	// server has tokens.
+	auth []string
 }
 
 func newFixture(t *testing.T, cfg Config, icfg index.Config) *fixture {
@@ -47,7 +50,11 @@ func newFixture(t *testing.T, cfg Config, icfg index.Config) *fixture {
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return &fixture{ix, srv, ts}
+	f := &fixture{ix: ix, srv: srv, ts: ts}
+	if len(cfg.Tokens) > 0 {
+		f.auth = []string{"Authorization", "Bearer " + cfg.Tokens[0]}
+	}
+	return f
 }
 
 func addr(i int) string { return "10.0.0." + strconv.Itoa(i) + ":8000" }
@@ -159,7 +166,7 @@ func (fe *fetcher) fetch(t *testing.T, f *fixture) (size int, since uint64) {
 	if fe.held != nil {
 		path += "?since=" + strconv.FormatUint(fe.held.Generation(), 10)
 	}
-	resp, body := f.do(t, "GET", path, nil)
+	resp, body := f.do(t, "GET", path, nil, f.auth...)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET %s: %s", path, resp.Status)
 	}
@@ -350,7 +357,7 @@ func holds(t *testing.T, f *fixture, slot int, hs []uint64) bool {
 }
 
 func TestReports(t *testing.T) {
-	f := newFixture(t, Config{Token: token, MaxReportBytes: 4096, ReportLimits: report.Limits{MaxRecords: 4, MaxHashes: 100}}, index.Config{})
+	f := newFixture(t, Config{Tokens: []string{token}, MaxReportBytes: 4096, ReportLimits: report.Limits{MaxRecords: 4, MaxHashes: 100}}, index.Config{})
 	f.endpoints(t, 2, index.Approximate)
 	hs := []uint64{0x1111111111111111, 0x2222222222222222, 0x3333333333333333}
 	good := batchBytes(t, report.Record{Endpoint: addr(1), Model: "m", Hashes: hs, Cached: 1})
@@ -521,5 +528,56 @@ func TestServeShutdown(t *testing.T) {
 	}
 	if _, err := http.Get(url + "/healthz"); err == nil {
 		t.Fatal("still serving after shutdown")
+	}
+}
+
+// TestTokens: with tokens the snapshot needs one too (its hashes would
+// tell a stranger which prompts were sent lately); several are accepted at
+// once, so gateways move to a new token before the old one is dropped.
+func TestTokens(t *testing.T) {
+	f := newFixture(t, Config{Tokens: []string{"old"}}, index.Config{})
+	f.endpoints(t, 1, index.Approximate)
+	f.ix.Publish()
+	snap := func(tok string) int {
+		var h []string
+		if tok != "" {
+			h = []string{"Authorization", "Bearer " + tok}
+		}
+		resp, _ := f.do(t, "GET", "/v1/snapshot", nil, h...)
+		if resp.StatusCode == http.StatusUnauthorized && !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer") {
+			t.Error("401 without a Bearer challenge")
+		}
+		return resp.StatusCode
+	}
+	report := func(tok string) int {
+		body := batchBytes(t, report.Record{Endpoint: addr(0), Model: "m", Hashes: []uint64{1}})
+		resp, _ := f.do(t, "POST", "/v1/reports", body, "Authorization", "Bearer "+tok)
+		return resp.StatusCode
+	}
+	steps := []struct {
+		name           string
+		tokens         []string
+		tok            string
+		snap, reported int
+	}{
+		{"no token", []string{"old"}, "", http.StatusUnauthorized, http.StatusUnauthorized},
+		{"wrong token", []string{"old"}, "guess", http.StatusUnauthorized, http.StatusUnauthorized},
+		{"the token", []string{"old"}, "old", http.StatusOK, http.StatusAccepted},
+		{"rotating: the old one still works", []string{"old", "new"}, "old", http.StatusOK, http.StatusAccepted},
+		{"rotating: so does the new one", []string{"old", "new"}, "new", http.StatusOK, http.StatusAccepted},
+		{"rotated: the old one is refused", []string{"new"}, "old", http.StatusUnauthorized, http.StatusUnauthorized},
+		{"no tokens: reports off, the snapshot open", nil, "", http.StatusOK, http.StatusForbidden},
+	}
+	for _, st := range steps {
+		f.srv.SetTokens(st.tokens...)
+		if got := snap(st.tok); got != st.snap {
+			t.Errorf("%s: snapshot %d, want %d", st.name, got, st.snap)
+		}
+		if got := report(st.tok); got != st.reported {
+			t.Errorf("%s: report %d, want %d", st.name, got, st.reported)
+		}
+	}
+	if _, m := f.do(t, "GET", "/metrics", nil); !strings.Contains(string(m), `kvroute_cachesync_snapshot_requests_total{result="unauthorized"} 3`) {
+		t.Error("refused snapshot requests are not counted as unauthorized")
 	}
 }
