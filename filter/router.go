@@ -131,7 +131,7 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 		return decision{outcome: fallbackInvalidBody}
 	}
 	r.text = p.Text[:0]
-	seed := blockhash.Seed(p.Model, "")
+	seed := blockhash.Salted(blockhash.Seed(p.Model, ""), p.CacheSalt)
 	r.hashes = blockhash.Append(r.hashes[:0], seed, p.Text, r.cfg.hashing)
 	var m *snapshot.Manifest
 	if view != nil && view.Loaded() {

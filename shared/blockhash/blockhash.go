@@ -65,6 +65,25 @@ func Seed(model, adapter string) uint64 {
 	return d.Sum64()
 }
 
+// Salted returns the chain's seed for requests carrying vLLM's cache_salt:
+// seed itself without one. vLLM mixes the salt into the first block's hash,
+// so a salted prompt's blocks match only prompts with the same salt; the
+// chain does the same from its seed, and one tenant's blocks never match
+// another's, in the engine or in the index.
+func Salted(seed uint64, salt string) uint64 {
+	if salt == "" {
+		return seed
+	}
+	var d xxhash.Digest
+	d.Reset()
+	var b [9]byte
+	binary.LittleEndian.PutUint64(b[:], seed)
+	b[8] = 's'
+	d.Write(b[:])
+	d.WriteString(salt)
+	return d.Sum64()
+}
+
 // Next returns the hash of block chained after prev.
 func Next(prev uint64, block []byte) uint64 {
 	return sum(prev, block)

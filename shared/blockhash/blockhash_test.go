@@ -222,3 +222,17 @@ func BenchmarkDigestPerBlock512KiB(b *testing.B) {
 		}
 	}
 }
+
+func TestSalted(t *testing.T) {
+	seed := Seed("m", "")
+	if Salted(seed, "") != seed {
+		t.Error("no salt changed the seed")
+	}
+	a, b := Salted(seed, "tenant-a"), Salted(seed, "tenant-b")
+	if a == seed || b == seed || a == b || Salted(seed, "tenant-a") != a {
+		t.Errorf("salted seeds %x, %x from %x: want distinct and stable", a, b, seed)
+	}
+	if Salted(Seed("n", ""), "tenant-a") == a {
+		t.Error("the same salt on two models gave one seed")
+	}
+}

@@ -114,6 +114,9 @@ type Prompt struct {
 	// MaxTokens is the output the request allows (max_completion_tokens,
 	// else max_tokens); 0 when it does not say, or says it oddly.
 	MaxTokens int
+	// CacheSalt is vLLM's cache_salt: the engine shares cached blocks only
+	// between requests with the same salt (blockhash.Salted).
+	CacheSalt string
 }
 
 // Errors Render returns; the filter turns each into a fallback. Errors that
@@ -172,6 +175,10 @@ func (r *Renderer) Render(dst []byte, body []byte, t Template) (Prompt, error) {
 	if r.req.model.ok {
 		r.tmp = r.s.appendStr(r.tmp[:0], r.req.model)
 		p.Model = string(r.tmp)
+	}
+	if r.req.salt.ok {
+		r.tmp = r.s.appendStr(r.tmp[:0], r.req.salt)
+		p.CacheSalt = string(r.tmp)
 	}
 	dst = dst[:0]
 	var err error

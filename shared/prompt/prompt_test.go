@@ -420,3 +420,26 @@ func TestMaxTokens(t *testing.T) {
 		t.Error("invalid JSON after max_tokens accepted")
 	}
 }
+
+func TestCacheSalt(t *testing.T) {
+	for _, tc := range []struct{ fields, want string }{
+		{``, ""},
+		{`,"cache_salt":"tenant-a"`, "tenant-a"},
+		{`,"cache_salt":"t\u00e9nant"`, "ténant"},
+		{`,"cache_salt":null`, ""},
+		{`,"cache_salt":42`, ""},
+		{`,"cache_salt":{"a":1}`, ""},
+	} {
+		body := `{"model":"m","prompt":"hello"` + tc.fields + `}`
+		p, err := Render(nil, []byte(body), ChatML)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if p.CacheSalt != tc.want {
+			t.Errorf("%s: CacheSalt %q, want %q", body, p.CacheSalt, tc.want)
+		}
+	}
+	if _, err := Render(nil, []byte(`{"model":"m","prompt":"x","cache_salt":"unterminated}`), ChatML); err == nil {
+		t.Error("an unterminated cache_salt accepted")
+	}
+}

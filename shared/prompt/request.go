@@ -61,6 +61,7 @@ type request struct {
 	prompt   raw  // completions prompt
 	// max_tokens and max_completion_tokens, when positive integers
 	maxTokens, maxCompletion int
+	salt                     str // cache_salt, when a string
 }
 
 // parse reads body into r's request, messages and parts in one pass.
@@ -106,6 +107,12 @@ func (r *Renderer) parse(body []byte) error {
 			r.req.maxTokens, r.err = s.count()
 		case s.equalStr(key, "max_completion_tokens"):
 			r.req.maxCompletion, r.err = s.count()
+		case s.equalStr(key, "cache_salt"):
+			if s.ws() != '"' {
+				r.req.salt = str{}
+				return s.skip(1)
+			}
+			r.req.salt, r.err = s.str()
 		default:
 			return s.skip(1)
 		}

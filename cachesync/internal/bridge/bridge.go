@@ -96,8 +96,9 @@ const (
 	// SkipUnknownBlock: a store without tokens (an offload to a lower tier)
 	// names a block the bridge does not know.
 	SkipUnknownBlock
-	// SkipExtraKeys: the block's hash covers more than its tokens (a cache
-	// salt, multimodal inputs), which text cannot match.
+	// SkipExtraKeys: the block's hash covers more than its tokens and a
+	// first block's cache salt (multimodal inputs, a salt past the first
+	// block), which text cannot match.
 	SkipExtraKeys
 	// SkipAdapter: the block belongs to a LoRA adapter the event names by id
 	// only.
@@ -465,8 +466,12 @@ func (e *Engine) store(ev *kvevents.Event) {
 	}
 	for i, h := range ev.Hashes {
 		if i < len(ev.Extra) && !plain(ev.Extra[i], ev.LoRAName) {
-			e.skip(SkipExtraKeys, n-i)
-			return
+			salt, ok := saltOf(ev.Extra[i], ev.LoRAName)
+			if !ok || i > 0 || ev.HasParent {
+				e.skip(SkipExtraKeys, n-i)
+				return
+			}
+			st.chain = blockhash.Salted(st.chain, salt)
 		}
 		if slot, ok := e.index.get(h); ok {
 			e.hold(slot, bit)
@@ -515,6 +520,21 @@ func plain(x kvevents.Extra, lora string) bool {
 		}
 	}
 	return true
+}
+
+// saltOf returns the cache salt of a prompt's first block: its one string
+// key besides the adapter's name (vLLM orders them adapter, multimodal,
+// salt). A first block with an image in it and no salt is taken for salted
+// by its image's identifier too; its hashes then match no request, which
+// costs index room, never a wrong route.
+func saltOf(x kvevents.Extra, lora string) (string, bool) {
+	salt, n := "", 0
+	for _, k := range x.Keys {
+		if k != lora {
+			salt, n = k, n+1
+		}
+	}
+	return salt, n == 1 && x.Other == 0 && salt != ""
 }
 
 func (e *Engine) seedOf(name string) uint64 {

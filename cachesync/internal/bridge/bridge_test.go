@@ -144,16 +144,18 @@ func TestSkips(t *testing.T) {
 		name string
 		ev   kvevents.Event
 		why  Skip
+		kept int // blocks before the skipped one
 	}{
-		{"unknown parent", kvevents.Event{Hashes: []uint64{1, 2}, Parent: 99, HasParent: true, Tokens: append(toks, toks...), BlockSize: 4}, SkipUnknownParent},
-		{"unknown offload", kvevents.Event{Hashes: []uint64{1}, BlockSize: 4, Medium: "CPU"}, SkipUnknownBlock},
-		{"cache salt", kvevents.Event{Hashes: []uint64{1, 2}, Tokens: append(toks, toks...), BlockSize: 4, Extra: []kvevents.Extra{{Keys: []string{"salt"}}, {}}}, SkipExtraKeys},
-		{"multimodal", kvevents.Event{Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, Extra: []kvevents.Extra{{Other: 1}}}, SkipExtraKeys},
-		{"adapter by id", kvevents.Event{Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, LoRAID: 3}, SkipAdapter},
-		{"unknown token", kvevents.Event{Hashes: []uint64{1}, Tokens: []uint32{1, 2, 3, 1000}, BlockSize: 4}, SkipTokens},
-		{"token count", kvevents.Event{Hashes: []uint64{1, 2}, Tokens: toks, BlockSize: 4}, SkipShape},
-		{"sliding window", kvevents.Event{Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, SpecKind: "sliding_window"}, SkipGroup},
-		{"remote", kvevents.Event{Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, Locality: "REMOTE"}, SkipGroup},
+		{"unknown parent", kvevents.Event{Hashes: []uint64{1, 2}, Parent: 99, HasParent: true, Tokens: append(toks, toks...), BlockSize: 4}, SkipUnknownParent, 0},
+		{"unknown offload", kvevents.Event{Hashes: []uint64{1}, BlockSize: 4, Medium: "CPU"}, SkipUnknownBlock, 0},
+		{"cache salt past the first block", kvevents.Event{Hashes: []uint64{1, 2}, Tokens: append(toks, toks...), BlockSize: 4, Extra: []kvevents.Extra{{}, {Keys: []string{"salt"}}}}, SkipExtraKeys, 1},
+		{"cache salt and an image", kvevents.Event{Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, Extra: []kvevents.Extra{{Keys: []string{"salt"}, Other: 1}}}, SkipExtraKeys, 0},
+		{"multimodal", kvevents.Event{Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, Extra: []kvevents.Extra{{Other: 1}}}, SkipExtraKeys, 0},
+		{"adapter by id", kvevents.Event{Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, LoRAID: 3}, SkipAdapter, 0},
+		{"unknown token", kvevents.Event{Hashes: []uint64{1}, Tokens: []uint32{1, 2, 3, 1000}, BlockSize: 4}, SkipTokens, 0},
+		{"token count", kvevents.Event{Hashes: []uint64{1, 2}, Tokens: toks, BlockSize: 4}, SkipShape, 0},
+		{"sliding window", kvevents.Event{Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, SpecKind: "sliding_window"}, SkipGroup, 0},
+		{"remote", kvevents.Event{Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, Locality: "REMOTE"}, SkipGroup, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -162,7 +164,7 @@ func TestSkips(t *testing.T) {
 			tt.ev.Kind = kvevents.BlockStored
 			e.Batch(&kvevents.Batch{Events: []kvevents.Event{tt.ev}})
 			st := e.Stats()
-			if st.Skipped[tt.why] != uint64(len(tt.ev.Hashes)) || len(s.set) != 0 || st.Blocks != 0 {
+			if st.Skipped[tt.why] != uint64(len(tt.ev.Hashes)-tt.kept) || len(s.set) != tt.kept || st.Blocks != tt.kept {
 				t.Fatalf("skipped %v, sink %v, %d blocks", st.Skipped, s.set, st.Blocks)
 			}
 		})
@@ -171,7 +173,7 @@ func TestSkips(t *testing.T) {
 	s := newSetSink(t)
 	e := newEngine(t, Config{Model: "m", Vocab: v, Hash: small}, s)
 	e.Batch(&kvevents.Batch{Events: []kvevents.Event{
-		{Kind: kvevents.BlockStored, Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, Extra: []kvevents.Extra{{Keys: []string{"salt"}}}},
+		{Kind: kvevents.BlockStored, Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, Extra: []kvevents.Extra{{Other: 1}}},
 		{Kind: kvevents.BlockStored, Hashes: []uint64{2}, Parent: 1, HasParent: true, Tokens: toks, BlockSize: 4},
 	}})
 	if st := e.Stats(); st.Skipped[SkipExtraKeys] != 1 || st.Skipped[SkipUnknownParent] != 1 {
@@ -193,6 +195,43 @@ func TestAdapterSeed(t *testing.T) {
 	if got := s.tier(snapshot.TierGPU); !slices.Equal(got, want) {
 		t.Fatalf("holds %x, want %x", got, want)
 	}
+}
+
+// TestCacheSaltSeed: a prompt stored with vLLM's cache_salt (a string key
+// on its first block, beside an adapter's name) is hashed from the salted
+// seed, as the filter hashes a request carrying that salt, children
+// included.
+func TestCacheSaltSeed(t *testing.T) {
+	v := tinyVocab(t)
+	toks := []uint32{4, 3, 5, 6} // "hello world\n"
+	for _, lora := range []string{"", "sql"} {
+		s := newSetSink(t)
+		e := newEngine(t, Config{Model: "base", Vocab: v, Hash: small}, s)
+		first := kvevents.Extra{Keys: []string{"tenant-a"}}
+		var id int64
+		if lora != "" {
+			first.Keys, id = []string{lora, "tenant-a"}, 1
+		}
+		e.Batch(&kvevents.Batch{Events: []kvevents.Event{
+			{Kind: kvevents.BlockStored, Hashes: []uint64{1}, Tokens: toks, BlockSize: 4, LoRAID: id, LoRAName: lora, Extra: []kvevents.Extra{first}},
+			{Kind: kvevents.BlockStored, Hashes: []uint64{2}, Parent: 1, HasParent: true, Tokens: toks, BlockSize: 4, LoRAID: id, LoRAName: lora},
+		}})
+		model := lora
+		if model == "" {
+			model = "base"
+		}
+		want := blockhash.Append(nil, blockhash.Salted(blockhash.Seed(model, ""), "tenant-a"), []byte("hello world\nhello world\n"), small)
+		if got := s.tier(snapshot.TierGPU); !sameSet(got, want) {
+			t.Errorf("adapter %q: holds %x, want %x", lora, got, want)
+		}
+	}
+}
+
+func sameSet(a, b []uint64) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 // TestTextCap: past the filter's cap on blocks, nothing is hashed, and the
