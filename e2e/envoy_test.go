@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -45,10 +46,13 @@ type reply struct {
 	Server      string `json:"server"`
 	Method      string `json:"method"`
 	Path        string `json:"path"`
-	Destination string `json:"destination"`
-	OriginalDst string `json:"original_dst"`
-	BodyBytes   int64  `json:"body_bytes"`
-	BodySHA256  string `json:"body_sha256"`
+	Destination string `json:"destination"` // the chosen endpoint
+	// DestinationList is the whole header: the chosen endpoint, then the
+	// fallbacks a retry goes to.
+	DestinationList string `json:"destination_list"`
+	OriginalDst     string `json:"original_dst"`
+	BodyBytes       int64  `json:"body_bytes"`
+	BodySHA256      string `json:"body_sha256"`
 }
 
 func startUpstreams(t testing.TB, n int) []*upstream {
@@ -76,14 +80,21 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.mu.Unlock()
 	w.Header().Set("content-type", "application/json")
 	json.NewEncoder(w).Encode(reply{
-		Server:      u.addr,
-		Method:      r.Method,
-		Path:        r.URL.RequestURI(),
-		Destination: strings.Join(r.Header.Values(destHeader), ","),
-		OriginalDst: r.Header.Get("x-envoy-original-dst-host"),
-		BodyBytes:   n,
-		BodySHA256:  hex.EncodeToString(h.Sum(nil)),
+		Server:          u.addr,
+		Method:          r.Method,
+		Path:            r.URL.RequestURI(),
+		Destination:     first(strings.Join(r.Header.Values(destHeader), ",")),
+		DestinationList: strings.Join(r.Header.Values(destHeader), ","),
+		OriginalDst:     r.Header.Get("x-envoy-original-dst-host"),
+		BodyBytes:       n,
+		BodySHA256:      hex.EncodeToString(h.Sum(nil)),
 	})
+}
+
+// first is the first of a comma-separated list.
+func first(list string) string {
+	f, _, _ := strings.Cut(list, ",")
+	return f
 }
 
 func (u *upstream) count() int {
@@ -346,7 +357,7 @@ func TestEnvoy(t *testing.T) {
 				"X-Envoy-Original-Dst-Host":      {target},
 			}
 			r := g.chat(t, body, steer)
-			if r.Server != home || r.Destination != home || r.OriginalDst != "" {
+			if r.Server != home || r.Destination != home || r.OriginalDst != "" || strings.Contains(r.DestinationList, outside) {
 				t.Errorf("chat steered to %s: answered by %s, destination %q, original-dst %q; want %s",
 					target, r.Server, r.Destination, r.OriginalDst, home)
 			}
@@ -526,4 +537,63 @@ func TestEnvoyOutsideHostUnreachable(t *testing.T) {
 		t.Errorf("the host outside the cluster got %d requests", n)
 	}
 	t.Logf("filter chose the outsider for %d of 80 prompts; Envoy sent none there", pickedOutsider)
+}
+
+// TestEnvoyRetryGoesToTheFallback: one engine of three refuses connections.
+// The filter's destination header lists its choice and then the runner-up,
+// and the shipped route retries a refused connection once, so a request
+// routed to the dead engine is served by the runner-up the filter named,
+// not by whatever Envoy's own balancing picks; the response says who
+// served it.
+func TestEnvoyRetryGoesToTheFallback(t *testing.T) {
+	ups := startUpstreams(t, 2)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens there now: connections are refused
+	cfg := gatewayConfig(t, append([]string{dead}, addrs(ups)...), nil)
+	pc, err := cfg.PluginConfiguration(pluginName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc["debug_header"] = true
+	must(t, cfg.SetPluginConfiguration(pluginName, pc))
+	g := startGateway(t, cfg, 1)
+	toDead := 0
+	for i := range 45 {
+		body := chatBody(t, "qwen", "tenant "+strconv.Itoa(i)+" "+strings.Repeat("own context ", 40))
+		req, err := http.NewRequest("POST", g.url+"/v1/chat/completions", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("content-type", "application/json")
+		resp, err := g.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r reply
+		err = json.NewDecoder(resp.Body).Decode(&r)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || err != nil {
+			t.Fatalf("request %d: %s (%v): a refused connection was not retried", i, resp.Status, err)
+		}
+		if served := resp.Header.Get("x-gateway-destination-endpoint-served"); served != r.Server {
+			t.Errorf("request %d: served header %q, answered by %s", i, served, r.Server)
+		}
+		list := strings.Split(r.DestinationList, ",")
+		if len(list) != 2 {
+			t.Fatalf("request %d: destination %q, want the choice and one fallback", i, r.DestinationList)
+		}
+		if list[0] == dead {
+			toDead++
+			if r.Server != list[1] {
+				t.Errorf("request %d: routed to the dead %s, retried on %s, not the fallback %s", i, dead, r.Server, list[1])
+			}
+		}
+	}
+	if toDead == 0 {
+		t.Fatal("no request was routed to the dead engine, so no retry was tested")
+	}
 }

@@ -470,3 +470,57 @@ func TestCacheSaltIsolatesTenants(t *testing.T) {
 		s.Close()
 	}
 }
+
+// TestEndpointPickerHeaders: the destination header is the Endpoint Picker
+// Protocol's ordered list, the choice then the runner-up (where a retry
+// goes); the response names the endpoint that served; and with
+// failure_mode closed a request no endpoint can take gets a 503 instead of
+// Envoy's own balancing.
+func TestEndpointPickerHeaders(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	f := newFakeCachesync(t, engines(threeEndpoints...)...)
+	vm := newLiveVM(t, h, f, liveConfig(t, nil))
+	syncVMs(vm)
+	s := send(t, vm, postHeaders("/v1/chat/completions"), chatBody(t, "qwen", strings.Repeat("pick me ", 100)), 1<<20)
+	list, _ := s.Upstream.Header(destHeader)
+	d := decisionOf(t, s)
+	chosen, runner := field(d, "endpoint"), field(d, "runner_up")
+	if list != chosen+","+runner || runner == "" {
+		t.Errorf("destination %q, want the choice then the runner-up of %q", list, d)
+	}
+	if served, _ := s.Downstream.Header("x-gateway-destination-endpoint-served"); served != chosen {
+		t.Errorf("served header %q, want %s", served, chosen)
+	}
+	s.Close()
+
+	for _, tc := range []struct {
+		mode   string
+		status string // "" when the request goes on unrouted
+	}{{"open", ""}, {"closed", "503"}} {
+		f := newFakeCachesync(t, engines(threeEndpoints...)...)
+		f.fail = true // no snapshot ever arrives
+		cfg := liveConfig(t, map[string]any{"failure_mode": tc.mode, "endpoints": []string{}})
+		// A host of its own: the first one's shared data holds a snapshot.
+		vm := newLiveVM(t, newHost(t, wasmhost.Fixed), f, cfg)
+		syncVMs(vm)
+		s := send(t, vm, postHeaders("/v1/chat/completions"), chatBody(t, "qwen", "hello"), 4096)
+		status := ""
+		if s.Local != nil {
+			status = strconv.Itoa(int(s.Local.Status))
+		}
+		if dest, _ := s.Upstream.Header(destHeader); status != tc.status || dest != "" {
+			t.Errorf("failure_mode %s with no endpoint: status %q, destination %q; want status %q", tc.mode, status, dest, tc.status)
+		}
+		s.Close()
+	}
+}
+
+// field returns the value of key in a decision header.
+func field(decision, key string) string {
+	for kv := range strings.SplitSeq(decision, "; ") {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}

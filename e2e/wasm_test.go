@@ -95,8 +95,8 @@ func send(t testing.TB, vm *wasmhost.VM, headers [][2]string, body []byte, chunk
 		if end < len(body) && act != wasmhost.Pause && s.Upstream.Headers == nil {
 			t.Fatalf("body chunk at %d: action %d, want Pause", off, act)
 		}
-		if end == len(body) && act != wasmhost.Continue {
-			t.Fatalf("last body chunk: action %d, want Continue", act)
+		if end == len(body) && act != wasmhost.Continue && s.Local == nil {
+			t.Fatalf("last body chunk: action %d, want Continue (or a local reply)", act)
 		}
 	}
 	if err := vm.Err(); err != nil {
@@ -124,7 +124,8 @@ func destination(t testing.TB, s *wasmhost.Stream) string {
 		t.Fatal("request headers never reached the upstream")
 	}
 	d, _ := s.Upstream.Header("x-gateway-destination-endpoint")
-	return d
+	first, _, _ := strings.Cut(d, ",") // the rest are fallbacks, for retries
+	return first
 }
 
 func metric(t testing.TB, h *wasmhost.Host, name string) int64 {

@@ -46,6 +46,12 @@ type config struct {
 	// shed answers 429 to a sheddable request (x-kvroute-sheddable) that
 	// no endpoint is predicted to serve within its SLO.
 	shed bool
+	// fallbackEndpoints is how many next-best endpoints follow the chosen
+	// one in the destination header, for the route's retries.
+	fallbackEndpoints int
+	// failClosed answers 503 when no endpoint can be picked, instead of
+	// leaving the request to Envoy's own balancing.
+	failClosed bool
 	// holdTimeout is how long a request may wait for its body before the
 	// filter lets it go unrouted. It only expires if Envoy never delivers
 	// the body, which happens when allow_on_headers_stop_iteration is unset.
@@ -83,6 +89,9 @@ func defaultConfig() config {
 		// llm-d's default LRU capacity per server: about 500k tokens.
 		localBlocks: approx.DefaultCapacity,
 		holdTimeout: 5 * time.Second,
+		// One next-best endpoint: what a retry of a refused connection
+		// needs, and an ordered list an Endpoint Picker consumer expects.
+		fallbackEndpoints: 1,
 	}
 }
 
@@ -183,6 +192,29 @@ var configFields = []struct {
 	{"report_blocks", func(c *config, v gjson.Result) (err error) { c.reportBlocks, err = positiveInt(v, 1<<16); return }},
 	{"local_capacity_blocks", func(c *config, v gjson.Result) (err error) { c.localBlocks, err = positiveInt(v, 1<<24-2); return }},
 	{"hold_timeout_ms", func(c *config, v gjson.Result) (err error) { c.holdTimeout, err = millis(v, 1, 3_600_000); return }},
+	{"fallback_endpoints", func(c *config, v gjson.Result) error {
+		if v.Type == gjson.Number && v.Raw == "0" {
+			c.fallbackEndpoints = 0
+			return nil
+		}
+		n, err := positiveInt(v, 8)
+		c.fallbackEndpoints = n
+		if err != nil {
+			return errors.New("want an integer from 0 to 8")
+		}
+		return nil
+	}},
+	{"failure_mode", func(c *config, v gjson.Result) error {
+		switch v.Str {
+		case "open":
+			c.failClosed = false
+		case "closed":
+			c.failClosed = true
+		default:
+			return errors.New("want open or closed")
+		}
+		return nil
+	}},
 	{"debug_header", func(c *config, v gjson.Result) error {
 		if !v.IsBool() {
 			return errors.New("want true or false")

@@ -34,6 +34,8 @@ var configKeys = []struct {
 	{"local_capacity_blocks", `1000`, func(c *config) bool { return c.localBlocks == 1000 }, `1.5`},
 	{"hold_timeout_ms", `1500`, func(c *config) bool { return c.holdTimeout == 1500*time.Millisecond }, `-1`},
 	{"debug_header", `true`, func(c *config) bool { return c.debugHeader }, `"yes"`},
+	{"fallback_endpoints", `0`, func(c *config) bool { return c.fallbackEndpoints == 0 }, `9`},
+	{"failure_mode", `"closed"`, func(c *config) bool { return c.failClosed }, `"shut"`},
 	{"cachesync.cluster", `"cs"`, func(c *config) bool { return c.cachesync.cluster == "cs" }, `""`},
 	{"cachesync.authority", `"cachesync.llm"`, func(c *config) bool { return c.cachesync.authority == "cachesync.llm" }, `7`},
 	{"cachesync.snapshot_path", `"/snap"`, func(c *config) bool { return c.cachesync.snapshotPath == "/snap" }, `"snap"`},

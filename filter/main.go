@@ -227,8 +227,17 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 		}
 		return types.ActionPause
 	}
+	if d.outcome == fallbackNoEndpoints && p.cfg.failClosed {
+		h.finish(d)
+		if err := proxywasm.SendHttpResponse(503, [][2]string{{"content-type", "application/json"}},
+			[]byte(`{"error":{"message":"no inference endpoint is available","type":"unavailable","code":503}}`), -1); err != nil {
+			proxywasm.LogError("kvroute: answer 503: " + err.Error())
+			return types.ActionContinue
+		}
+		return types.ActionPause
+	}
 	if d.outcome == routed {
-		if err := proxywasm.ReplaceHttpRequestHeader(destinationHeader, d.endpoint); err != nil {
+		if err := proxywasm.ReplaceHttpRequestHeader(destinationHeader, d.destination); err != nil {
 			proxywasm.LogError("kvroute: set " + destinationHeader + ": " + err.Error())
 		}
 		h.account(&d)
@@ -326,6 +335,12 @@ func (h *httpContext) reportOutcome(ttft time.Duration) {
 func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Action {
 	if h.decided && h.plugin.cfg.debugHeader {
 		proxywasm.ReplaceHttpResponseHeader(decisionHeader, h.decision.header())
+	}
+	if h.decided && h.decision.outcome == routed {
+		// Where a retry went is known only now, from Envoy.
+		if addr, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(addr) > 0 {
+			proxywasm.ReplaceHttpResponseHeader(servedHeader, string(addr))
+		}
 	}
 	if endOfStream {
 		h.releasePrefill()

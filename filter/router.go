@@ -18,6 +18,10 @@ const destinationHeader = "x-gateway-destination-endpoint"
 // decisionHeader explains the choice on the response when debug_header is on.
 const decisionHeader = "x-kvroute-decision"
 
+// servedHeader names, on the response, the endpoint that served the
+// request (the Endpoint Picker Protocol's report of a retry's outcome).
+const servedHeader = "x-gateway-destination-endpoint-served"
+
 // A request's own SLOs, in milliseconds, and whether it may be shed (429)
 // when no endpoint is predicted to meet them. A trusted filter before this
 // one sets them; the filter removes them before the request goes upstream.
@@ -83,6 +87,9 @@ type decision struct {
 	promptTokens int
 	// runner is the runner-up endpoint's address, "" if none.
 	runner string
+	// destination is the destination header's value: endpoint, then the
+	// fallbacks configured, comma-separated.
+	destination string
 }
 
 // routeOptions are what the request's headers and the snapshot's age
@@ -105,6 +112,8 @@ type router struct {
 	hashes   []uint64
 	picker   *policy.Picker
 	rng      uint64 // xorshift state for the policy's tie breaks
+	ranked   []int  // fallback slots, reused
+	dest     []byte // destination header value, reused
 }
 
 func newRouter(cfg config, seed uint64) (*router, error) {
@@ -161,6 +170,17 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 			if ru := d.policy.RunnerUp.Endpoint; ru >= 0 {
 				d.runner = m.Endpoint(ru).Addr()
 			}
+			d.destination = d.endpoint
+			if n := r.cfg.fallbackEndpoints; n > 0 {
+				// An ordered list: override-host tries them in turn, so a
+				// retry goes to the next best instead of anywhere.
+				r.dest = append(r.dest[:0], d.endpoint...)
+				r.ranked = r.picker.Fallbacks(r.ranked[:0], &d.policy, n)
+				for _, slot := range r.ranked {
+					r.dest = m.Endpoint(slot).AppendAddr(append(r.dest, ','))
+				}
+				d.destination = string(r.dest)
+			}
 			return d
 		}
 	}
@@ -168,7 +188,16 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 		d.outcome = fallbackNoEndpoints
 		return d
 	}
-	d.endpoint = r.cfg.endpoints[policy.Rendezvous(r.affinityKey(seed, p.Text), r.cfg.endpoints)]
+	r.ranked = policy.RendezvousRanked(r.ranked[:0], r.affinityKey(seed, p.Text), r.cfg.endpoints, 1+r.cfg.fallbackEndpoints)
+	d.endpoint = r.cfg.endpoints[r.ranked[0]]
+	d.destination = d.endpoint
+	if len(r.ranked) > 1 {
+		r.dest = append(r.dest[:0], d.endpoint...)
+		for _, i := range r.ranked[1:] {
+			r.dest = append(append(r.dest, ','), r.cfg.endpoints[i]...)
+		}
+		d.destination = string(r.dest)
+	}
 	d.reason = reasonRendezvous
 	d.policy = policy.Decision{Endpoint: -1, UncachedTokens: d.promptTokens}
 	return d

@@ -171,6 +171,20 @@ func envGetProperty(vm *VM, mod api.Module, stack []uint64) {
 		val = vm.cfg.RootID
 	case "plugin_vm_id":
 		val = vm.cfg.VMID
+	case "upstream\x00address":
+		// What Envoy's override-host policy would have picked: the first
+		// address of the destination header, once the request went up.
+		st := vm.streams[vm.active]
+		if st == nil || st.Upstream.Headers == nil {
+			stack[0] = statusNotFound
+			return
+		}
+		v, _ := st.Upstream.Header("x-gateway-destination-endpoint")
+		if v, _, _ = strings.Cut(v, ","); v == "" {
+			stack[0] = statusNotFound
+			return
+		}
+		val = v
 	default:
 		st := vm.streams[vm.active]
 		if st == nil || !strings.HasPrefix(path, "request\x00") {

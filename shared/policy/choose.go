@@ -3,6 +3,7 @@ package policy
 import (
 	"math"
 	"math/bits"
+	"slices"
 )
 
 // choose picks among the candidates placeNew left roomy. Without SLOs: the least
@@ -96,4 +97,32 @@ func reason(cands []cand, pick int, blockTokens float64) Reason {
 		return ReasonAffinity
 	}
 	return ReasonSaturatedRelease
+}
+
+// Fallbacks appends to dst, cheapest first, up to n eligible endpoints of
+// the last Pick other than its choice: where a retry should go next. It
+// does not allocate once dst has room.
+func (p *Picker) Fallbacks(dst []int, d *Decision, n int) []int {
+	if d.Endpoint < 0 {
+		return dst
+	}
+	start := len(dst)
+	for len(dst)-start < n {
+		next := -1
+		cands := p.cands[:p.n]
+		for i := range cands {
+			c := &cands[i]
+			if !c.eligible || i == d.Endpoint || slices.Contains(dst[start:], i) {
+				continue
+			}
+			if next < 0 || c.price < cands[next].price {
+				next = i
+			}
+		}
+		if next < 0 {
+			break
+		}
+		dst = append(dst, next)
+	}
+	return dst
 }

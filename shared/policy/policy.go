@@ -242,6 +242,7 @@ type Picker struct {
 	cfg   Config
 	match []snapshot.Match
 	cands []cand
+	n     int // endpoints of the last Pick's snapshot, for Fallbacks
 }
 
 // New returns a Picker.
@@ -258,12 +259,14 @@ func New(cfg Config) (*Picker, error) {
 // once its scratch space has grown to the endpoint table.
 func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 	d := Decision{Endpoint: -1, Chosen: Terms{Endpoint: -1}, RunnerUp: Terms{Endpoint: -1}, MeetsSLO: true}
+	p.n = 0
 	if v == nil || !v.Loaded() {
 		return d
 	}
 	m := v.Manifest()
 	n := m.NumEndpoints()
 	p.grow(n)
+	p.n = n
 	model := -1
 	if r.Model != "" {
 		if model = m.Model(r.Model); model < 0 {

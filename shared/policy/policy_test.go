@@ -455,3 +455,29 @@ func TestPickNoAllocs(t *testing.T) {
 		t.Errorf("Pick allocates %v times", n)
 	}
 }
+
+// TestFallbacks: the endpoints a retry should try next, cheapest first,
+// never the choice and never an ineligible one.
+func TestFallbacks(t *testing.T) {
+	v, hashes := fixture(t, []ep{cold(3 * second), warm(0, promptBlocks), cold(second), {info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthUnhealthy}}, cold(2 * second)})
+	p := picker(t, nil)
+	d := p.Pick(v, &Request{Model: model, Hashes: hashes})
+	if d.Endpoint != 1 {
+		t.Fatalf("chose %d", d.Endpoint)
+	}
+	for _, tc := range []struct {
+		n    int
+		want []int
+	}{{0, nil}, {1, []int{2}}, {2, []int{2, 4}}, {8, []int{2, 4, 0}}} {
+		if got := p.Fallbacks(nil, &d, tc.n); !slices.Equal(got, tc.want) {
+			t.Errorf("Fallbacks(%d) = %v, want %v", tc.n, got, tc.want)
+		}
+	}
+	if got := p.Fallbacks(nil, &Decision{Endpoint: -1}, 3); got != nil {
+		t.Errorf("no choice: fallbacks %v", got)
+	}
+	dst := make([]int, 0, 8)
+	if n := testing.AllocsPerRun(100, func() { dst = p.Fallbacks(dst[:0], &d, 3) }); n != 0 {
+		t.Errorf("Fallbacks allocates %v times", n)
+	}
+}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -33,5 +34,24 @@ func TestRendezvous(t *testing.T) {
 		if before[k] != 3 && got != eps[before[k]] {
 			t.Fatalf("key %d moved from %s to %s", k, eps[before[k]], got)
 		}
+	}
+}
+
+func TestRendezvousRanked(t *testing.T) {
+	eps := []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"}
+	for key := range uint64(200) {
+		r := RendezvousRanked(nil, key, eps, 3)
+		if len(r) != 3 || r[0] != Rendezvous(key, eps) || r[0] == r[1] || r[1] == r[2] || r[0] == r[2] {
+			t.Fatalf("key %d: ranked %v, Rendezvous %d", key, r, Rendezvous(key, eps))
+		}
+		// The runner-up is the choice once the first is gone: a retry
+		// goes where the key would move.
+		rest := slices.Delete(slices.Clone(eps), r[0], r[0]+1)
+		if eps[r[1]] != rest[Rendezvous(key, rest)] {
+			t.Fatalf("key %d: runner-up %s, but without %s the key goes to %s", key, eps[r[1]], eps[r[0]], rest[Rendezvous(key, rest)])
+		}
+	}
+	if r := RendezvousRanked(nil, 1, eps[:2], 5); len(r) != 2 {
+		t.Errorf("ranked %v of two endpoints", r)
 	}
 }
