@@ -327,6 +327,17 @@ func TestWasmExtension(t *testing.T) {
 	}
 }
 
+// TestRouteRetriesRefusedConnections: the route retries what an engine
+// refused before reading it, which is what makes the filter's ordered
+// destination list useful, and nothing that may have generated tokens.
+func TestRouteRetriesRefusedConnections(t *testing.T) {
+	route, _ := loadInstall(t).engineRoute(t)
+	r := route.GetRetries()
+	if r.GetAttempts() != 1 || r.GetRetryOn() != "connect-failure,refused-stream,reset-before-request" {
+		t.Errorf("route retries %v: want one attempt on refused connections only", r)
+	}
+}
+
 func TestPatchesMatchTheRoute(t *testing.T) {
 	in := loadInstall(t)
 	route, dest := in.engineRoute(t)
