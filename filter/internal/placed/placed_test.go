@@ -32,7 +32,8 @@ func matches(t *Table, hashes []uint64, now int64) []hit {
 
 func TestMatch(t *testing.T) {
 	var tab Table
-	tab.Add(0xa, prompt(1, 600, 700), 0, 1000)
+	tab.Add(0xa, prompt(1, 300, 400), 0, 1000)
+	tab.Add(0xd, prompt(4, 0, 2000), 0, 1000) // longer than the samples reach
 	tab.Add(0xb, prompt(2, 100, 120), 0, 1000)
 	tab.Add(0xc, prompt(3, 0, 10), 0, 1000) // shorter than a stride: not recorded
 	tests := []struct {
@@ -41,11 +42,12 @@ func TestMatch(t *testing.T) {
 		now    int64
 		want   []hit
 	}{
-		{"the same prompt: all its full strides", prompt(1, 600, 700), 10, []hit{{0xa, 688}, {0xb, 96}}},
-		{"a prompt sharing 600 blocks: to within a stride", prompt(9, 600, 700), 10, []hit{{0xa, 592}, {0xb, 96}}},
-		{"sharing less than a stride", prompt(9, 15, 700), 10, nil},
-		{"a prompt shorter than the entry", prompt(1, 600, 40), 10, []hit{{0xa, 32}, {0xb, 32}}},
-		{"expired", prompt(1, 600, 700), 1000, nil},
+		{"the same prompt: all its full strides", prompt(1, 300, 400), 10, []hit{{0xa, 400}, {0xb, 96}}},
+		{"a prompt sharing 300 blocks: to within a stride", prompt(9, 300, 400), 10, []hit{{0xa, 288}, {0xb, 96}}},
+		{"sharing less than a stride", prompt(9, 15, 400), 10, nil},
+		{"a prompt shorter than the entry", prompt(1, 300, 40), 10, []hit{{0xa, 32}, {0xb, 32}}},
+		{"a long prompt: as far as the samples reach", prompt(4, 0, 2000), 10, []hit{{0xd, Stride * MaxSamples}}},
+		{"expired", prompt(1, 300, 400), 1000, nil},
 	}
 	for _, tt := range tests {
 		if got := matches(&tab, tt.hashes, tt.now); !slices.Equal(got, tt.want) {
