@@ -66,7 +66,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	}
 	p.m = newStats()
 	p.runtime = newRuntimeStats()
-	p.load = loadTracker{vm: vm, ttl: max(10*time.Second, 20*p.cfg.syncInterval)}
+	p.load = newLoadTracker(vm, max(10*time.Second, 20*p.cfg.syncInterval))
 	p.held = map[uint32]*httpContext{}
 	if p.sync, err = newSyncer(&p.cfg, vm, p.m); err != nil {
 		proxywasm.LogCritical("kvroute: " + err.Error())
