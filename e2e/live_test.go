@@ -524,3 +524,31 @@ func field(decision, key string) string {
 	}
 	return ""
 }
+
+// TestSubsetHeader: with trust_subset_header, a subset a filter in front
+// names bounds the choice, even away from the endpoint holding the prefix;
+// without it the header is removed unread, since it would let a client
+// choose its upstream.
+func TestSubsetHeader(t *testing.T) {
+	body := chatBody(t, "qwen", strings.Repeat("a prefix one endpoint holds ", 100))
+	for _, trusted := range []bool{true, false} {
+		h := newHost(t, wasmhost.Fixed)
+		f := newFakeCachesync(t, engines(threeEndpoints...)...)
+		f.hold(threeEndpoints[0], filterHashes(t, body))
+		vm := newLiveVM(t, h, f, liveConfig(t, map[string]any{"trust_subset_header": trusted}))
+		syncVMs(vm)
+		headers := append(postHeaders("/v1/chat/completions"), [2]string{"x-gateway-destination-endpoint-subset", threeEndpoints[2] + ", not-an-address"})
+		s := send(t, vm, headers, body, 1<<20)
+		want := threeEndpoints[0] // the holder, by affinity
+		if trusted {
+			want = threeEndpoints[2]
+		}
+		if got := destination(t, s); got != want {
+			t.Errorf("trusted %v: routed to %s, want %s (%s)", trusted, got, want, decisionOf(t, s))
+		}
+		if v, ok := s.Upstream.Header("x-gateway-destination-endpoint-subset"); ok {
+			t.Errorf("trusted %v: the subset header %q went upstream", trusted, v)
+		}
+		s.Close()
+	}
+}

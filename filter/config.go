@@ -49,6 +49,10 @@ type config struct {
 	// fallbackEndpoints is how many next-best endpoints follow the chosen
 	// one in the destination header, for the route's retries.
 	fallbackEndpoints int
+	// trustSubset honours x-gateway-destination-endpoint-subset: a filter
+	// in front that strips the client's sets it. Off, the header is removed
+	// unread, since it would let a client choose its upstream.
+	trustSubset bool
 	// failClosed answers 503 when no endpoint can be picked, instead of
 	// leaving the request to Envoy's own balancing.
 	failClosed bool
@@ -213,6 +217,13 @@ var configFields = []struct {
 		default:
 			return errors.New("want open or closed")
 		}
+		return nil
+	}},
+	{"trust_subset_header", func(c *config, v gjson.Result) error {
+		if !v.IsBool() {
+			return errors.New("want true or false")
+		}
+		c.trustSubset = v.Bool()
 		return nil
 	}},
 	{"debug_header", func(c *config, v gjson.Result) error {

@@ -126,6 +126,7 @@ type httpContext struct {
 	// (for the outcome its first byte reports).
 	sloTTFT, sloTPOT time.Duration
 	sheddable        bool
+	subset           []string // from a trusted subset header
 	routedAt         time.Time
 	outcomePending   bool
 }
@@ -148,6 +149,10 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 			h.sloTPOT = headerMillis(v)
 		case sheddableHeader:
 			h.sheddable = string(v) == "true" || string(v) == "1"
+		case subsetHeader:
+			if h.plugin.cfg.trustSubset {
+				h.subset = parseSubset(v)
+			}
 		}
 		for i, o := range ownedHeaders {
 			if string(k) == o {
@@ -215,7 +220,7 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	}
 	d := p.router.route(body, view, p.load.locals, routeOptions{
 		stale: stale && p.cfg.cachesync != nil, modelAgnostic: p.cfg.cachesync == nil,
-		sloTTFT: h.sloTTFT, sloTPOT: h.sloTPOT,
+		sloTTFT: h.sloTTFT, sloTPOT: h.sloTPOT, subset: h.subset,
 	})
 	if d.outcome == routed && !d.policy.MeetsSLO && h.sheddable && p.cfg.shed {
 		d.outcome = shed

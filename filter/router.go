@@ -2,7 +2,10 @@ package main
 
 import (
 	"errors"
+	"net/netip"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/shared/blockhash"
@@ -17,6 +20,11 @@ const destinationHeader = "x-gateway-destination-endpoint"
 
 // decisionHeader explains the choice on the response when debug_header is on.
 const decisionHeader = "x-kvroute-decision"
+
+// subsetHeader narrows the choice to the endpoints it lists, when a
+// trusted filter in front sets it (trust_subset_header); it is removed
+// from every request, trusted or not.
+const subsetHeader = "x-gateway-destination-endpoint-subset"
 
 // servedHeader names, on the response, the endpoint that served the
 // request (the Endpoint Picker Protocol's report of a retry's outcome).
@@ -36,6 +44,7 @@ const (
 // filter may set them.
 var ownedHeaders = [...]string{
 	destinationHeader,
+	subsetHeader,
 	decisionHeader,
 	sloTTFTHeader,
 	sloTPOTHeader,
@@ -101,6 +110,8 @@ type routeOptions struct {
 	// serves which model (local mode).
 	modelAgnostic    bool
 	sloTTFT, sloTPOT time.Duration
+	// subset: the endpoints a trusted filter allows, nil for all.
+	subset []string
 }
 
 // router turns a request body into an endpoint. One router serves a whole VM
@@ -114,6 +125,7 @@ type router struct {
 	rng      uint64 // xorshift state for the policy's tie breaks
 	ranked   []int  // fallback slots, reused
 	dest     []byte // destination header value, reused
+	allowed  []bool // the subset's slots, reused
 }
 
 func newRouter(cfg config, seed uint64) (*router, error) {
@@ -163,6 +175,9 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 		if o.modelAgnostic {
 			req.Model = ""
 		}
+		if o.subset != nil {
+			req.Allowed = r.allowedSlots(m, o.subset)
+		}
 		d.policy = r.picker.Pick(view, &req)
 		if d.policy.Endpoint >= 0 {
 			d.endpoint = m.Endpoint(d.policy.Endpoint).Addr()
@@ -184,23 +199,53 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 			return d
 		}
 	}
-	if len(r.cfg.endpoints) == 0 {
+	candidates := r.cfg.endpoints
+	if o.subset != nil {
+		candidates = o.subset
+	}
+	if len(candidates) == 0 {
 		d.outcome = fallbackNoEndpoints
 		return d
 	}
-	r.ranked = policy.RendezvousRanked(r.ranked[:0], r.affinityKey(seed, p.Text), r.cfg.endpoints, 1+r.cfg.fallbackEndpoints)
-	d.endpoint = r.cfg.endpoints[r.ranked[0]]
+	r.ranked = policy.RendezvousRanked(r.ranked[:0], r.affinityKey(seed, p.Text), candidates, 1+r.cfg.fallbackEndpoints)
+	d.endpoint = candidates[r.ranked[0]]
 	d.destination = d.endpoint
 	if len(r.ranked) > 1 {
 		r.dest = append(r.dest[:0], d.endpoint...)
 		for _, i := range r.ranked[1:] {
-			r.dest = append(append(r.dest, ','), r.cfg.endpoints[i]...)
+			r.dest = append(append(r.dest, ','), candidates[i]...)
 		}
 		d.destination = string(r.dest)
 	}
 	d.reason = reasonRendezvous
 	d.policy = policy.Decision{Endpoint: -1, UncachedTokens: d.promptTokens}
 	return d
+}
+
+// allowedSlots marks the slots of m's endpoint table that subset names.
+func (r *router) allowedSlots(m *snapshot.Manifest, subset []string) []bool {
+	n := m.NumEndpoints()
+	if cap(r.allowed) < n {
+		r.allowed = make([]bool, n)
+	}
+	r.allowed = r.allowed[:n]
+	for i := range r.allowed {
+		e := m.Endpoint(i)
+		r.allowed[i] = !e.Vacant() && slices.Contains(subset, e.Addr())
+	}
+	return r.allowed
+}
+
+// parseSubset reads a subset header's comma-separated ip:port list; nil
+// when none of it parses, so that a malformed header narrows nothing.
+func parseSubset(v []byte) []string {
+	var out []string
+	for part := range strings.SplitSeq(string(v), ",") {
+		if ap, err := netip.ParseAddrPort(strings.TrimSpace(part)); err == nil {
+			out = append(out, ap.String())
+		}
+	}
+	return out
 }
 
 // affinityKey names the prompt's leading span of cfg.affinityBlocks blocks

@@ -194,6 +194,10 @@ type Request struct {
 	// Local is indexed like the snapshot's endpoint table; missing rows
 	// count as zero.
 	Local []Local
+	// Allowed, when not nil, restricts the choice to the slots it marks
+	// true (a subset a trusted filter in front named); indexed like the
+	// snapshot's endpoint table, missing rows are not allowed.
+	Allowed []bool
 	// Stale says the snapshot is older than the caller trusts for load:
 	// its load figures are ignored and only Local counts. Its prefix index
 	// and health are still used.
@@ -290,7 +294,8 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		c := &cands[i]
 		*c = cand{}
 		e := m.Endpoint(i)
-		if e.Vacant() || e.Health() != snapshot.HealthHealthy || (model >= 0 && !e.Serves(model)) {
+		if e.Vacant() || e.Health() != snapshot.HealthHealthy || (model >= 0 && !e.Serves(model)) ||
+			(r.Allowed != nil && (i >= len(r.Allowed) || !r.Allowed[i])) {
 			continue
 		}
 		c.eligible = true

@@ -250,6 +250,12 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonAffinity,
 		},
 		{
+			name: "a subset named by a trusted filter: the best within it",
+			eps:  []ep{warm(0, promptBlocks), cold(0), cold(second)},
+			req:  Request{Allowed: []bool{false, false, true}},
+			want: []int{2}, reason: ReasonLeastLoad,
+		},
+		{
 			name: "unhealthy and other models are not eligible",
 			eps: []ep{
 				{info: snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthUnhealthy}, blocks: promptBlocks, gpu: promptBlocks},
