@@ -552,3 +552,61 @@ func TestSubsetHeader(t *testing.T) {
 		s.Close()
 	}
 }
+
+// TestSessionHeader: with session_header, a session's next request goes
+// where its last one went, on any worker, even when its prompt shares
+// nothing with the last one (what the prefix index cannot see), until that
+// endpoint's load prices it out; then the pin follows it.
+func TestSessionHeader(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	eps := engines(threeEndpoints...)
+	f := newFakeCachesync(t, eps...)
+	cfg := liveConfig(t, map[string]any{"session_header": "X-Session-ID"})
+	vm1, vm2 := newLiveVM(t, h, f, cfg), newLiveVM(t, h, f, cfg)
+	syncVMs(vm1, vm2)
+	session := func(id string) [][2]string {
+		return append(postHeaders("/v1/chat/completions"), [2]string{"x-session-id", id})
+	}
+	turn := func(i int) []byte {
+		return chatBody(t, "qwen", strings.Repeat("turn "+strconv.Itoa(i)+" of a chat whose history the engine keeps ", 40))
+	}
+	first := send(t, vm1, session("s-1"), turn(1), 1<<20)
+	home := destination(t, first)
+	first.Close()
+	for i := range 5 {
+		s := send(t, []*wasmhost.VM{vm1, vm2}[i%2], session("s-1"), turn(i+2), 1<<20)
+		if d := decisionOf(t, s); !strings.Contains(d, "endpoint="+home+";") || !strings.Contains(d, "reason=affinity") {
+			t.Fatalf("turn %d: %q, want affinity to the session's %s", i+2, d, home)
+		}
+		s.Close()
+	}
+	// Other sessions are not pinned there.
+	seen := map[string]bool{}
+	for i := range 12 {
+		s := send(t, vm1, session("other-"+strconv.Itoa(i)), turn(100+i), 1<<20)
+		seen[destination(t, s)] = true
+		s.Close()
+	}
+	if len(seen) < 2 {
+		t.Errorf("12 other sessions all went to %v", seen)
+	}
+	// Saturated: the pinned endpoint's backlog outprices a cold prefill.
+	for _, e := range eps {
+		if e.Addr == home {
+			e.PrefillTokens = 50 * 10000 // 50 s at the test engines' rate
+			f.setEndpoint(e)
+		}
+	}
+	syncVMs(vm1, vm2)
+	s := send(t, vm2, session("s-1"), turn(50), 1<<20)
+	moved := destination(t, s)
+	if d := decisionOf(t, s); moved == home || !strings.Contains(d, "reason=saturated-release") {
+		t.Fatalf("saturated: %q, want a release away from %s", d, home)
+	}
+	s.Close()
+	s = send(t, vm1, session("s-1"), turn(51), 1<<20)
+	if got := destination(t, s); got != moved {
+		t.Errorf("after the release the session went to %s, want its new home %s", got, moved)
+	}
+	s.Close()
+}

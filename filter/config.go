@@ -49,6 +49,11 @@ type config struct {
 	// fallbackEndpoints is how many next-best endpoints follow the chosen
 	// one in the destination header, for the route's retries.
 	fallbackEndpoints int
+	// sessionHeader (lower case) names a request's session, "" for none;
+	// a session is pinned to its endpoint for sessionTTL after its last
+	// request.
+	sessionHeader string
+	sessionTTL    time.Duration
 	// trustSubset honours x-gateway-destination-endpoint-subset: a filter
 	// in front that strips the client's sets it. Off, the header is removed
 	// unread, since it would let a client choose its upstream.
@@ -96,6 +101,9 @@ func defaultConfig() config {
 		// One next-best endpoint: what a retry of a refused connection
 		// needs, and an ordered list an Endpoint Picker consumer expects.
 		fallbackEndpoints: 1,
+		// A chat's next turn comes within minutes, and vLLM's cache keeps
+		// a finished conversation about that long under load.
+		sessionTTL: 10 * time.Minute,
 	}
 }
 
@@ -219,6 +227,12 @@ var configFields = []struct {
 		}
 		return nil
 	}},
+	{"session_header", func(c *config, v gjson.Result) (err error) {
+		c.sessionHeader, err = nonEmpty(v)
+		c.sessionHeader = strings.ToLower(c.sessionHeader)
+		return
+	}},
+	{"session_ttl_ms", func(c *config, v gjson.Result) (err error) { c.sessionTTL, err = millis(v, 1000, 86_400_000); return }},
 	{"trust_subset_header", func(c *config, v gjson.Result) error {
 		if !v.IsBool() {
 			return errors.New("want true or false")

@@ -37,6 +37,8 @@ var configKeys = []struct {
 	{"fallback_endpoints", `0`, func(c *config) bool { return c.fallbackEndpoints == 0 }, `9`},
 	{"failure_mode", `"closed"`, func(c *config) bool { return c.failClosed }, `"shut"`},
 	{"trust_subset_header", `true`, func(c *config) bool { return c.trustSubset }, `1`},
+	{"session_header", `"X-Session-ID"`, func(c *config) bool { return c.sessionHeader == "x-session-id" }, `""`},
+	{"session_ttl_ms", `60000`, func(c *config) bool { return c.sessionTTL == time.Minute }, `10`},
 	{"cachesync.cluster", `"cs"`, func(c *config) bool { return c.cachesync.cluster == "cs" }, `""`},
 	{"cachesync.authority", `"cachesync.llm"`, func(c *config) bool { return c.cachesync.authority == "cachesync.llm" }, `7`},
 	{"cachesync.snapshot_path", `"/snap"`, func(c *config) bool { return c.cachesync.snapshotPath == "/snap" }, `"snap"`},

@@ -24,13 +24,15 @@ type loadTracker struct {
 	// Per snapshot generation: the slot of each endpoint hash.
 	gen    uint64
 	slotOf map[uint64]int
-	local  []policy.Local
-	placed placements
+	local    []policy.Local
+	placed   placements
+	sessions sessions
 }
 
-func newLoadTracker(vm uint64, ttl time.Duration) loadTracker {
+func newLoadTracker(vm uint64, ttl, sessionTTL time.Duration) loadTracker {
 	return loadTracker{vm: vm, ttl: ttl, stored: casValue{key: inflightKey, what: "in-flight load"},
-		placed: placements{stored: casValue{key: placedKey, what: "recent placements"}}}
+		placed:   placements{stored: casValue{key: placedKey, what: "recent placements"}},
+		sessions: sessions{ttl: sessionTTL}}
 }
 
 func endpointHash(addr string) uint64 { return xxhash.Sum64String(addr) }
@@ -44,8 +46,9 @@ func (t *loadTracker) change(endpoint uint64, d inflight.Counts) {
 
 // locals returns the gateway's load per slot of the view's endpoint table,
 // with the leading blocks of hashes that its recent placements are having
-// each endpoint prefill.
-func (t *loadTracker) locals(v *snapshot.View, hashes []uint64) []policy.Local {
+// each endpoint prefill, and the whole prompt for the endpoint the request's
+// session (0 for none) is pinned to.
+func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) []policy.Local {
 	m := v.Manifest()
 	n := m.NumEndpoints()
 	if t.slotOf == nil || t.gen != m.Generation() {
@@ -63,6 +66,11 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64) []policy.Local {
 	t.local = t.local[:n]
 	clear(t.local)
 	t.placed.match(hashes, t.addPlaced)
+	if session != 0 {
+		if ep, _, ok := t.sessions.lookup(session); ok {
+			t.addPlaced(ep, len(hashes))
+		}
+	}
 	if !t.stored.load(&t.table) {
 		return t.local
 	}

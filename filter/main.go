@@ -66,7 +66,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	}
 	p.m = newStats()
 	p.runtime = newRuntimeStats()
-	p.load = newLoadTracker(vm, max(10*time.Second, 20*p.cfg.syncInterval))
+	p.load = newLoadTracker(vm, max(10*time.Second, 20*p.cfg.syncInterval), p.cfg.sessionTTL)
 	p.held = map[uint32]*httpContext{}
 	if p.sync, err = newSyncer(&p.cfg, vm, p.m); err != nil {
 		proxywasm.LogCritical("kvroute: " + err.Error())
@@ -127,6 +127,7 @@ type httpContext struct {
 	sloTTFT, sloTPOT time.Duration
 	sheddable        bool
 	subset           []string // from a trusted subset header
+	session          uint64   // hash of the session header's value, 0 for none
 	routedAt         time.Time
 	outcomePending   bool
 }
@@ -153,6 +154,9 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 			if h.plugin.cfg.trustSubset {
 				h.subset = parseSubset(v)
 			}
+		}
+		if len(v) > 0 && h.plugin.cfg.sessionHeader != "" && string(k) == h.plugin.cfg.sessionHeader {
+			h.session = sessionHash(v)
 		}
 		for i, o := range ownedHeaders {
 			if string(k) == o {
@@ -220,7 +224,7 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	}
 	d := p.router.route(body, view, p.load.locals, routeOptions{
 		stale: stale && p.cfg.cachesync != nil, modelAgnostic: p.cfg.cachesync == nil,
-		sloTTFT: h.sloTTFT, sloTPOT: h.sloTPOT, subset: h.subset,
+		sloTTFT: h.sloTTFT, sloTPOT: h.sloTPOT, subset: h.subset, session: h.session,
 	})
 	if d.outcome == routed && !d.policy.MeetsSLO && h.sheddable && p.cfg.shed {
 		d.outcome = shed
@@ -285,6 +289,9 @@ func (h *httpContext) account(d *decision) {
 	// requests that follow closely do not share.
 	if hashes := h.plugin.router.hashes; d.reason != reasonRendezvous && 2*d.policy.Blocks < len(hashes) && d.policy.Blocks+placed.Stride <= len(hashes) {
 		h.plugin.load.placed.add(h.endpoint, hashes, d.policy.Chosen.TTFT)
+	}
+	if h.session != 0 && d.reason != reasonRendezvous {
+		h.plugin.load.sessions.pin(h.session, h.endpoint)
 	}
 }
 

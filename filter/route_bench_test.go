@@ -37,7 +37,7 @@ func BenchmarkRoute(b *testing.B) {
 		}
 		hashes := blockhash.Append(nil, blockhash.Seed(p.Model, ""), p.Text, cfg.hashing)
 		view := benchView(b, cfg.endpoints, hashes)
-		locals := func(*snapshot.View, []uint64) []policy.Local { return nil }
+		locals := func(*snapshot.View, []uint64, uint64) []policy.Local { return nil }
 		name := strconv.Itoa(size>>10) + "KiB"
 		b.Run("route/"+name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))

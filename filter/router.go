@@ -112,6 +112,8 @@ type routeOptions struct {
 	sloTTFT, sloTPOT time.Duration
 	// subset: the endpoints a trusted filter allows, nil for all.
 	subset []string
+	// session names the request's session (session_header), 0 for none.
+	session uint64
 }
 
 // router turns a request body into an endpoint. One router serves a whole VM
@@ -138,7 +140,7 @@ func newRouter(cfg config, seed uint64) (*router, error) {
 
 // loads fills the gateway's own in-flight load per slot of the view's
 // endpoint table, for the prompt of chained block hashes.
-type loads func(v *snapshot.View, hashes []uint64) []policy.Local
+type loads func(v *snapshot.View, hashes []uint64, session uint64) []policy.Local
 
 // route picks the endpoint for a complete request body: by policy over the
 // snapshot when the view holds one, by rendezvous over the configured
@@ -168,7 +170,7 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 			OutputTokens: p.MaxTokens,
 			SLOTTFT:      o.sloTTFT,
 			SLOTPOT:      o.sloTPOT,
-			Local:        local(view, r.hashes),
+			Local:        local(view, r.hashes, o.session),
 			Stale:        o.stale,
 			Random:       r.next(),
 		}
