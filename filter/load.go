@@ -22,8 +22,8 @@ type loadTracker struct {
 	stored casValue
 
 	// Per snapshot generation: the slot of each endpoint hash.
-	gen    uint64
-	slotOf map[uint64]int
+	gen      uint64
+	slotOf   map[uint64]int
 	local    []policy.Local
 	placed   placements
 	sessions sessions
