@@ -221,6 +221,8 @@ func TestDNSARecords(t *testing.T) {
 	if got := next(t, out); len(got) != 0 {
 		t.Fatalf("after NXDOMAIN: %+v, want no engines", got)
 	}
+	// The counter moves just after the set is handed over.
+	waitFor(t, "three updates counted", func() bool { return d.Counters().Updates >= 3 })
 	if c := d.Counters(); c.Updates != 3 {
 		t.Errorf("counters %+v, want 3 updates", c)
 	}
