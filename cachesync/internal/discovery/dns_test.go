@@ -206,8 +206,13 @@ func TestDNSARecords(t *testing.T) {
 		{Addr: "127.0.0.12:8000", Name: name, Events: ev("127.0.0.12")},
 		{Addr: "127.0.0.13:8000", Name: name, Events: ev("127.0.0.13")},
 	}
-	if got := next(t, out); !reflect.DeepEqual(got, want) {
-		t.Fatalf("after a change\ngot  %+v\nwant %+v", got, want)
+	// A change landing between the A and the AAAA lookup of one round
+	// sends a set of both answers first; the next round is whole.
+	sets := 2
+	for got := next(t, out); !reflect.DeepEqual(got, want); got = next(t, out) {
+		if sets++; sets > 3 {
+			t.Fatalf("after a change\ngot  %+v\nwant %+v", got, want)
+		}
 	}
 
 	// A failing server keeps the engines.
@@ -221,10 +226,11 @@ func TestDNSARecords(t *testing.T) {
 	if got := next(t, out); len(got) != 0 {
 		t.Fatalf("after NXDOMAIN: %+v, want no engines", got)
 	}
+	sets++
 	// The counter moves just after the set is handed over.
-	waitFor(t, "three updates counted", func() bool { return d.Counters().Updates >= 3 })
-	if c := d.Counters(); c.Updates != 3 {
-		t.Errorf("counters %+v, want 3 updates", c)
+	waitFor(t, "every update counted", func() bool { return d.Counters().Updates >= uint64(sets) })
+	if c := d.Counters(); c.Updates != uint64(sets) {
+		t.Errorf("counters %+v, want %d updates", c, sets)
 	}
 }
 
