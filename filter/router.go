@@ -139,7 +139,8 @@ func newRouter(cfg config, seed uint64) (*router, error) {
 }
 
 // loads fills the gateway's own in-flight load per slot of the view's
-// endpoint table, for the prompt of chained block hashes.
+// endpoint table, for the prompt of chained block hashes and its session
+// (0 for none).
 type loads func(v *snapshot.View, hashes []uint64, session uint64) []policy.Local
 
 // route picks the endpoint for a complete request body: by policy over the
