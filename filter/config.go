@@ -204,18 +204,7 @@ var configFields = []struct {
 	{"report_blocks", func(c *config, v gjson.Result) (err error) { c.reportBlocks, err = positiveInt(v, 1<<16); return }},
 	{"local_capacity_blocks", func(c *config, v gjson.Result) (err error) { c.localBlocks, err = positiveInt(v, 1<<24-2); return }},
 	{"hold_timeout_ms", func(c *config, v gjson.Result) (err error) { c.holdTimeout, err = millis(v, 1, 3_600_000); return }},
-	{"fallback_endpoints", func(c *config, v gjson.Result) error {
-		if v.Type == gjson.Number && v.Raw == "0" {
-			c.fallbackEndpoints = 0
-			return nil
-		}
-		n, err := positiveInt(v, 8)
-		c.fallbackEndpoints = n
-		if err != nil {
-			return errors.New("want an integer from 0 to 8")
-		}
-		return nil
-	}},
+	{"fallback_endpoints", func(c *config, v gjson.Result) (err error) { c.fallbackEndpoints, err = intRange(v, 0, 8); return }},
 	{"failure_mode", func(c *config, v gjson.Result) error {
 		switch v.Str {
 		case "open":
@@ -347,13 +336,15 @@ func endpointList(v gjson.Result) ([]string, error) {
 	return eps, nil
 }
 
-func positiveInt(v gjson.Result, max int) (int, error) {
+func positiveInt(v gjson.Result, max int) (int, error) { return intRange(v, 1, max) }
+
+func intRange(v gjson.Result, min, max int) (int, error) {
 	if v.Type != gjson.Number {
 		return 0, errors.New("want a number")
 	}
 	n, err := strconv.ParseInt(v.Raw, 10, 64)
-	if err != nil || n <= 0 || n > int64(max) {
-		return 0, errors.New("want an integer from 1 to " + strconv.Itoa(max))
+	if err != nil || n < int64(min) || n > int64(max) {
+		return 0, errors.New("want an integer from " + strconv.Itoa(min) + " to " + strconv.Itoa(max))
 	}
 	return int(n), nil
 }

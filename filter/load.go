@@ -67,7 +67,7 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) 
 	clear(t.local)
 	t.placed.match(hashes, t.addPlaced)
 	if session != 0 {
-		if ep, _, ok := t.sessions.lookup(session); ok {
+		if ep, ok := t.sessions.lookup(session); ok {
 			t.addPlaced(ep, len(hashes))
 		}
 	}

@@ -228,22 +228,12 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	})
 	if d.outcome == routed && !d.policy.MeetsSLO && h.sheddable && p.cfg.shed {
 		d.outcome = shed
-		h.finish(d)
-		if err := proxywasm.SendHttpResponse(429, [][2]string{{"retry-after", "1"}, {"content-type", "application/json"}},
-			[]byte(`{"error":{"message":"no endpoint can serve this request within its SLO","type":"overloaded","code":429}}`), -1); err != nil {
-			proxywasm.LogError("kvroute: shed a request: " + err.Error())
-			return types.ActionContinue
-		}
-		return types.ActionPause
+		return h.answer(d, 429, [][2]string{{"retry-after", "1"}},
+			`{"error":{"message":"no endpoint can serve this request within its SLO","type":"overloaded","code":429}}`)
 	}
 	if d.outcome == fallbackNoEndpoints && p.cfg.failClosed {
-		h.finish(d)
-		if err := proxywasm.SendHttpResponse(503, [][2]string{{"content-type", "application/json"}},
-			[]byte(`{"error":{"message":"no inference endpoint is available","type":"unavailable","code":503}}`), -1); err != nil {
-			proxywasm.LogError("kvroute: answer 503: " + err.Error())
-			return types.ActionContinue
-		}
-		return types.ActionPause
+		return h.answer(d, 503, nil,
+			`{"error":{"message":"no inference endpoint is available","type":"unavailable","code":503}}`)
 	}
 	if d.outcome == routed {
 		if err := proxywasm.ReplaceHttpRequestHeader(destinationHeader, d.destination); err != nil {
@@ -254,6 +244,18 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	}
 	h.finish(d)
 	return types.ActionContinue
+}
+
+// answer ends the routing of a request with the filter's own JSON reply;
+// if Envoy refuses it, the request goes on unrouted.
+func (h *httpContext) answer(d decision, status int, headers [][2]string, body string) types.Action {
+	h.finish(d)
+	headers = append(headers, [2]string{"content-type", "application/json"})
+	if err := proxywasm.SendHttpResponse(uint32(status), headers, []byte(body), -1); err != nil {
+		proxywasm.LogError("kvroute: answer " + strconv.Itoa(status) + ": " + err.Error())
+		return types.ActionContinue
+	}
+	return types.ActionPause
 }
 
 // finish ends the routing of a request: metrics, and the decision kept for

@@ -210,7 +210,7 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 		d.outcome = fallbackNoEndpoints
 		return d
 	}
-	r.ranked = policy.RendezvousRanked(r.ranked[:0], r.affinityKey(seed, p.Text), candidates, 1+r.cfg.fallbackEndpoints)
+	r.ranked = policy.Rendezvous(r.ranked[:0], r.affinityKey(seed, p.Text), candidates, 1+r.cfg.fallbackEndpoints)
 	d.endpoint = candidates[r.ranked[0]]
 	d.destination = d.endpoint
 	if len(r.ranked) > 1 {

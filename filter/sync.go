@@ -196,7 +196,7 @@ func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 		s.fetchSucceeded()
 		return
 	case syncapi.StatusSnapshot:
-	case http401:
+	case syncapi.StatusUnauthorized:
 		s.fetchFailed("fetch snapshot: cachesync refused the token (401): set the cachesync block's report_token to one cachesync accepts")
 		return
 	default:
@@ -219,9 +219,6 @@ func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 	s.m.fetched.Increment(uint64(len(body)))
 	s.refresh(time.Now())
 }
-
-// http401 is Unauthorized; net/http is not linked into the filter.
-const http401 = 401
 
 // callStatus returns the status of the callout response at hand, 0 when
 // there is none or it is not a status.

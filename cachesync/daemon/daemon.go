@@ -133,13 +133,14 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	tokens := d.tokens(fileTokens)
 	if d.svc, err = service.New(service.Config{
-		Index: d.ix, Tokens: d.tokens(fileTokens), Registry: d.reg, Discovered: d.discovered, Logger: log,
+		Index: d.ix, Tokens: tokens, Registry: d.reg, Discovered: d.discovered, Logger: log,
 		ReportLimits: reportLimits(cfg),
 	}); err != nil {
 		return nil, err
 	}
-	if len(d.tokens(fileTokens)) == 0 {
+	if len(tokens) == 0 {
 		log.Warn("no report token: POST /v1/reports is disabled, so approximate engines learn nothing, and the snapshot is open to anyone who reaches the port")
 	}
 	d.reg.MustRegister(&collector{d: d})

@@ -6,25 +6,12 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// Rendezvous returns the index of the endpoint with the highest
-// rendezvous (highest-random-weight) score for key, or -1 if endpoints is
-// empty. The same key maps to the same endpoint as long as that endpoint is
-// listed, and removing one endpoint moves only the keys it held.
-func Rendezvous(key uint64, endpoints []string) int {
-	best, bestScore := -1, uint64(0)
-	for i, ep := range endpoints {
-		s := mix(key ^ xxhash.Sum64String(ep))
-		if best < 0 || s > bestScore {
-			best, bestScore = i, s
-		}
-	}
-	return best
-}
-
-// RendezvousRanked appends to dst the indexes of the n endpoints with the
-// highest rendezvous scores for key, best first (the first is Rendezvous's
-// choice): where a retry goes next, still the same for the same key.
-func RendezvousRanked(dst []int, key uint64, endpoints []string, n int) []int {
+// Rendezvous appends to dst the indexes of the n endpoints with the highest
+// rendezvous (highest-random-weight) scores for key, best first: the choice,
+// then where a retry goes next. The same key ranks the same endpoints as
+// long as they are listed, and removing one endpoint moves only the keys it
+// led, each to its next-ranked endpoint.
+func Rendezvous(dst []int, key uint64, endpoints []string, n int) []int {
 	start := len(dst)
 	for len(dst)-start < n {
 		best, bestScore := -1, uint64(0)

@@ -6,8 +6,16 @@ import (
 	"testing"
 )
 
+// first is Rendezvous's choice, -1 for none.
+func first(key uint64, endpoints []string) int {
+	if r := Rendezvous(nil, key, endpoints, 1); len(r) > 0 {
+		return r[0]
+	}
+	return -1
+}
+
 func TestRendezvous(t *testing.T) {
-	if got := Rendezvous(1, nil); got != -1 {
+	if got := first(1, nil); got != -1 {
 		t.Errorf("no endpoints: %d", got)
 	}
 	eps := make([]string, 10)
@@ -18,7 +26,7 @@ func TestRendezvous(t *testing.T) {
 	before := make([]int, keys)
 	count := make([]int, len(eps))
 	for k := range keys {
-		before[k] = Rendezvous(uint64(k)*0x9e3779b97f4a7c15, eps)
+		before[k] = first(uint64(k)*0x9e3779b97f4a7c15, eps)
 		count[before[k]]++
 	}
 	for i, n := range count {
@@ -30,28 +38,28 @@ func TestRendezvous(t *testing.T) {
 	// not matter.
 	rest := append(append([]string{}, eps[4:]...), eps[:3]...)
 	for k := range keys {
-		got := rest[Rendezvous(uint64(k)*0x9e3779b97f4a7c15, rest)]
+		got := rest[first(uint64(k)*0x9e3779b97f4a7c15, rest)]
 		if before[k] != 3 && got != eps[before[k]] {
 			t.Fatalf("key %d moved from %s to %s", k, eps[before[k]], got)
 		}
 	}
 }
 
-func TestRendezvousRanked(t *testing.T) {
+func TestRendezvousRanks(t *testing.T) {
 	eps := []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"}
 	for key := range uint64(200) {
-		r := RendezvousRanked(nil, key, eps, 3)
-		if len(r) != 3 || r[0] != Rendezvous(key, eps) || r[0] == r[1] || r[1] == r[2] || r[0] == r[2] {
-			t.Fatalf("key %d: ranked %v, Rendezvous %d", key, r, Rendezvous(key, eps))
+		r := Rendezvous(nil, key, eps, 3)
+		if len(r) != 3 || r[0] != first(key, eps) || r[0] == r[1] || r[1] == r[2] || r[0] == r[2] {
+			t.Fatalf("key %d: ranked %v, first %d", key, r, first(key, eps))
 		}
 		// The runner-up is the choice once the first is gone: a retry
 		// goes where the key would move.
 		rest := slices.Delete(slices.Clone(eps), r[0], r[0]+1)
-		if eps[r[1]] != rest[Rendezvous(key, rest)] {
-			t.Fatalf("key %d: runner-up %s, but without %s the key goes to %s", key, eps[r[1]], eps[r[0]], rest[Rendezvous(key, rest)])
+		if eps[r[1]] != rest[first(key, rest)] {
+			t.Fatalf("key %d: runner-up %s, but without %s the key goes to %s", key, eps[r[1]], eps[r[0]], rest[first(key, rest)])
 		}
 	}
-	if r := RendezvousRanked(nil, 1, eps[:2], 5); len(r) != 2 {
+	if r := Rendezvous(nil, 1, eps[:2], 5); len(r) != 2 {
 		t.Errorf("ranked %v of two endpoints", r)
 	}
 }

@@ -65,8 +65,9 @@ func ParseBearer(header string) (token string, ok bool) {
 
 // Snapshot answers the filter acts on.
 const (
-	StatusSnapshot    = 200
-	StatusNotModified = 304
+	StatusSnapshot     = 200
+	StatusNotModified  = 304
+	StatusUnauthorized = 401 // a token is configured and the request's is missing or wrong
 )
 
 // ReportAccepted reports whether a status answering a report batch means

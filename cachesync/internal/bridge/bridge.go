@@ -465,9 +465,9 @@ func (e *Engine) store(ev *kvevents.Event) {
 		st = state{chain: e.seedOf(name), vocab: e.cfg.Vocab.Start()}
 	}
 	for i, h := range ev.Hashes {
-		if i < len(ev.Extra) && !plain(ev.Extra[i], ev.LoRAName) {
-			salt, ok := saltOf(ev.Extra[i], ev.LoRAName)
-			if !ok || i > 0 || ev.HasParent {
+		if i < len(ev.Extra) {
+			salt, ok := textKeys(ev.Extra[i], ev.LoRAName)
+			if !ok || (salt != "" && (i > 0 || ev.HasParent)) {
 				e.skip(SkipExtraKeys, n-i)
 				return
 			}
@@ -508,33 +508,20 @@ func (e *Engine) store(ev *kvevents.Event) {
 	}
 }
 
-// plain reports whether a block's extra keys are only its adapter's name,
-// which the seed already covers.
-func plain(x kvevents.Extra, lora string) bool {
-	if x.Other > 0 {
-		return false
-	}
-	for _, k := range x.Keys {
-		if k != lora {
-			return false
-		}
-	}
-	return true
-}
-
-// saltOf returns the cache salt of a prompt's first block: its one string
-// key besides the adapter's name (vLLM orders them adapter, multimodal,
-// salt). A first block with an image in it and no salt is taken for salted
-// by its image's identifier too; its hashes then match no request, which
-// costs index room, never a wrong route.
-func saltOf(x kvevents.Extra, lora string) (string, bool) {
-	salt, n := "", 0
+// textKeys reports whether text can match a block with extra keys x: none
+// but its adapter's name, which the seed already covers, and, on a
+// prompt's first block, one more string, vLLM's cache salt, which it
+// returns ("" for none). A first block with an image and no salt is taken
+// for salted by the image's identifier; its hashes then match no request,
+// which costs index room, never a wrong route.
+func textKeys(x kvevents.Extra, lora string) (salt string, ok bool) {
+	n := 0
 	for _, k := range x.Keys {
 		if k != lora {
 			salt, n = k, n+1
 		}
 	}
-	return salt, n == 1 && x.Other == 0 && salt != ""
+	return salt, x.Other == 0 && (n == 0 || n == 1 && salt != "")
 }
 
 func (e *Engine) seedOf(name string) uint64 {
