@@ -93,7 +93,7 @@ func newChatTemplate(spec, model string) (*chatTemplate, error) {
 		}
 		src = string(b)
 	}
-	t, err := jinja.Compile(src)
+	t, err := jinja.Compile(withPyToJSON(src))
 	if err != nil {
 		return nil, fmt.Errorf("vllmsim: compile chat template: %w", err)
 	}
@@ -112,43 +112,31 @@ type chatRender struct {
 // render returns the prompt text of a chat request, or an error that
 // describes the bad request.
 func (c *chatTemplate) render(in chatRender) (text string, err error) {
-	msgs, err := jsonValue(in.messages)
+	raw, err := jsonValue(in.messages)
 	if err != nil {
 		return "", fmt.Errorf("messages: %w", err)
 	}
-	if !msgs.IsList() || msgs.AsList().Len() == 0 {
-		return "", errors.New("messages must be a non-empty list")
+	msgs, err := conversation(raw, c.content)
+	if err != nil {
+		return "", err
 	}
-	var finalContent string
-	for i, m := range msgs.AsList().Items {
-		if !m.IsDict() {
-			return "", fmt.Errorf("messages[%d] is not an object", i)
-		}
-		d := m.AsDict()
-		if role, ok := d.Get("role"); !ok || !role.IsString() {
-			return "", fmt.Errorf("messages[%d].role must be a string", i)
-		}
-		content, ok := d.Get("content")
-		if !ok {
-			continue
-		}
-		flat, err := c.content(content)
-		if err != nil {
-			return "", fmt.Errorf("messages[%d].content: %w", i, err)
-		}
-		d.Set("content", flat)
-		finalContent = contentText(flat)
-	}
+	items := msgs.AsList().Items
+	last, _ := items[len(items)-1].AsDict().Get("content")
+	finalContent := contentText(last)
 	vars := map[string]jinja.Value{
 		"messages":              msgs,
 		"add_generation_prompt": jinja.NewBool(in.addGenerationPrompt),
 		"bos_token":             jinja.NewString(c.fam.bos),
 		"eos_token":             jinja.NewString(c.fam.eos),
+		pyFilter:                pyToJSON,
 	}
 	if len(in.tools) > 0 && !bytes.Equal(bytes.TrimSpace(in.tools), []byte("null")) {
 		tools, err := jsonValue(in.tools)
-		if err != nil || !tools.IsList() {
-			return "", errors.New("tools must be a list")
+		if err == nil {
+			tools, err = dumpTools(tools)
+		}
+		if err != nil {
+			return "", err
 		}
 		vars["tools"] = tools
 	}
@@ -192,12 +180,16 @@ func (c *chatTemplate) exec(vars map[string]jinja.Value) (text string, err error
 	return text, nil
 }
 
-// content normalises one message's content: a string or null stays, a list
-// of text parts becomes their texts joined by newlines (vLLM's "string"
-// content format) or a list of {type: text, text} parts ("openai" format).
+// content normalises one message's content: a string stays; a list of text
+// parts, or null (no parts), becomes their texts joined by newlines (vLLM's
+// "string" content format) or a list of {type: text, text} parts ("openai"
+// format).
 func (c *chatTemplate) content(v jinja.Value) (jinja.Value, error) {
-	if v.IsString() || v.IsNone() {
+	if v.IsString() {
 		return v, nil
+	}
+	if v.IsNone() || v.IsUndefined() {
+		v = jinja.NewList(nil)
 	}
 	if !v.IsList() {
 		return v, errors.New("must be a string, null or a list of parts")

@@ -3,10 +3,13 @@ package vllmsim
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ardanlabs/jinja"
 )
 
 // TestTemplatesMatchJinja2 renders every embedded template with Go and with
@@ -21,11 +24,11 @@ func TestTemplatesMatchJinja2(t *testing.T) {
 			{"role":"tool","tool_call_id":"abcdefghi","content":"22C"},{"role":"user","content":"Thanks"}]`,
 		"bad roles": `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`,
 	}
-	// Keys are in sorted order and free of <, > and &: llama3 prints tools
-	// with tojson(indent=4), where ardanlabs/jinja v1.8.0 falls back to
-	// encoding/json, which sorts keys and escapes those characters.
-	tools := `[{"function":{"description":"Get the weather ünï 'q' \"dq\"","name":"get_weather",
-		"parameters":{"properties":{"city":{"description":"City","type":"string"},"unit":{"enum":["c","f"],"type":"string"}},"required":["city"],"type":"object"}},"type":"function"}]`
+	// Keys out of order and <, > and &: Llama 3 prints tools with
+	// tojson(indent=4), which ardanlabs/jinja v1.8.0 gets wrong on both
+	// counts and the engine's own tojson (pyjson.go) must get right.
+	tools := `[{"type":"function","function":{"name":"get_weather","description":"Get the weather ünï 'q' \"dq\" <b> & 1.5e-07",
+		"parameters":{"type":"object","properties":{"unit":{"enum":["c","f"],"type":"string","default":0.5},"city":{"type":"string","description":"City"}},"required":["city"]}}}]`
 
 	type tcase struct {
 		name, family, messages, tools string
@@ -57,7 +60,19 @@ func TestTemplatesMatchJinja2(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := tpl.render(chatRender{messages: json.RawMessage(c.messages), tools: json.RawMessage(c.tools), addGenerationPrompt: c.agp})
+			// The template alone, on the variables Jinja2 got: what vLLM
+			// makes of a request before is TestRequestsMatchReference's.
+			vars := map[string]jinja.Value{"add_generation_prompt": jinja.NewBool(c.agp),
+				"bos_token": jinja.NewString(tpl.fam.bos), "eos_token": jinja.NewString(tpl.fam.eos), pyFilter: pyToJSON}
+			if vars["messages"], err = jsonValue(json.RawMessage(c.messages)); err != nil {
+				t.Fatal(err)
+			}
+			if c.tools != "" {
+				if vars["tools"], err = jsonValue(json.RawMessage(c.tools)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := tpl.exec(vars)
 			var w string
 			if json.Unmarshal(want[i], &w) != nil {
 				// Jinja2 raised: Go must fail too.
@@ -162,5 +177,63 @@ func TestModelFamilies(t *testing.T) {
 	}
 	if tpl, err := newChatTemplate("", "some/other-model"); tpl != nil || err != nil {
 		t.Errorf("unknown model: %v, %v", tpl, err)
+	}
+}
+
+// TestRequestsMatchReference renders raw chat requests the way the engine
+// does (vLLM's message preparation, then the template) and wants the bytes
+// of shared/prompt's reference: the same requests prepared by a Python
+// rendition of vLLM's code and rendered by real Jinja2.
+func TestRequestsMatchReference(t *testing.T) {
+	b, err := os.ReadFile("../../shared/prompt/testdata/reference.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Cases []struct {
+			Name string
+			Body string
+			Want map[string]struct{ Text *string }
+		}
+	}
+	if err := json.Unmarshal(b, &ref); err != nil {
+		t.Fatal(err)
+	}
+	if len(ref.Cases) == 0 {
+		t.Fatal("no reference cases")
+	}
+	// What the simulator does not do as vLLM does, on purpose.
+	deviations := map[string]string{
+		"parts":             "media parts: the simulator serves text only",
+		"arguments_numbers": "an integer past int64 prints as a float: template values hold int64",
+	}
+	for _, c := range ref.Cases {
+		for family, want := range c.Want {
+			t.Run(c.Name+"/"+family, func(t *testing.T) {
+				if why := deviations[c.Name]; why != "" {
+					t.Skip(why)
+				}
+				tpl, err := newChatTemplate(family, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				var req genRequest
+				if err := json.Unmarshal([]byte(c.Body), &req); err != nil {
+					t.Fatal(err)
+				}
+				agp := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+				got, err := tpl.render(chatRender{messages: req.Messages, tools: req.Tools, addGenerationPrompt: agp})
+				switch {
+				case want.Text == nil:
+					if err == nil {
+						t.Fatalf("Jinja2 raised, the engine rendered %q", got)
+					}
+				case err != nil:
+					t.Fatalf("engine: %v; Jinja2 rendered %q", err, *want.Text)
+				case got != *want.Text:
+					t.Fatalf("renders differ\n  engine: %q\n  Jinja2: %q", got, *want.Text)
+				}
+			})
+		}
 	}
 }
