@@ -84,6 +84,15 @@ func ParseTemplate(name string) (Template, error) {
 	return 0, errors.New("prompt: unknown chat template " + strconv.Quote(name))
 }
 
+// Templates returns every template kvroute renders, Plain first.
+func Templates() []Template {
+	ts := make([]Template, len(templateNames))
+	for i := range ts {
+		ts[i] = Template(i)
+	}
+	return ts
+}
+
 // String returns the template's configuration name.
 func (t Template) String() string {
 	if int(t) < len(templateNames) {

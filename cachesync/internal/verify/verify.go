@@ -1,0 +1,232 @@
+// Package verify checks that an engine renders chat prompts byte for byte
+// as the gateways do. Precise routing matches the block hashes of the
+// filter's rendered text against the index of what the engine cached; after
+// the first byte in which the two renders differ, no block matches, and
+// routing quietly falls back to load alone while every dashboard looks
+// healthy. So cachesync asks each engine to tokenize a fixed set of probe
+// conversations through its own chat template (vLLM's POST /tokenize with
+// messages), decodes the tokens with the vocabulary the index uses, and
+// compares the text with what shared/prompt renders under each template.
+//
+// Decoding with the index's vocabulary is the point: it is also how KV
+// events become text, so an agreement here is an agreement of the hashes.
+package verify
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute/cachesync/internal/vocab"
+	"github.com/kvroute/kvroute/shared/prompt"
+)
+
+// Probe is one conversation of the probe set: a chat request body without
+// its model.
+type Probe struct {
+	Name string
+	Body string
+}
+
+// longSystem is a system prompt of a few blocks, long enough that a
+// template's handling of it shows after the first block.
+var longSystem = strings.Repeat("You are the support assistant of Example Corp. Answer briefly, cite the policy section, and never promise refunds. ", 12)
+
+// Probes are the conversations every engine renders. Together they reach
+// each branch the known templates take: with and without a system prompt,
+// earlier turns, tool definitions, calls and results, content given as
+// parts, text that needs escaping, and a render without the generation
+// prompt. Media parts are left out: their text is a placeholder of kvroute's
+// own that no engine prints.
+var Probes = []Probe{
+	{"user", `{"messages":[{"role":"user","content":"What is the capital of France?"}]}`},
+	{"system", `{"messages":[{"role":"system","content":` + strconv.Quote(longSystem) + `},{"role":"user","content":"My order has not arrived."}]}`},
+	{"multi-turn", `{"messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello. What do you need?"},{"role":"user","content":"The time in Tokyo."}]}`},
+	{"tools", `{"messages":[{"role":"user","content":"Weather in Paris?"},` +
+		`{"role":"assistant","content":"","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},` +
+		`{"role":"tool","tool_call_id":"call_1","content":"{\"temp_c\": 18}"}],` +
+		`"tools":[{"type":"function","function":{"name":"get_weather","description":"Current weather in a city.","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]}`},
+	{"content-parts", `{"messages":[{"role":"user","content":[{"type":"text","text":"Summarise this:"},{"type":"text","text":"The meeting moved to Thursday."}]}]}`},
+	{"unicode", `{"messages":[{"role":"user","content":"Caf\u00e9 \u65e5\u672c\u8a9e \ud83d\ude80 \"quoted\" back\\slash\ttab\nnew line"}]}`},
+	{"no-generation-prompt", `{"messages":[{"role":"user","content":"Say yes."},{"role":"assistant","content":"Yes."}],"add_generation_prompt":false}`},
+}
+
+// ErrUnsupported means the engine has no chat /tokenize: it cannot be
+// checked, which is not the same as disagreeing.
+var ErrUnsupported = errors.New("verify: engine does not tokenize chat messages")
+
+// maxResponse bounds a /tokenize answer: the probes are a few hundred
+// tokens each.
+const maxResponse = 1 << 20
+
+// Rendering is what an engine made of the probe set.
+type Rendering struct {
+	Model string
+	// Texts holds the decoded text of each probe, in Probes order; nil
+	// where the engine refused the probe (Refused says why).
+	Texts   [][]byte
+	Refused []string
+}
+
+// Fetch has the engine at baseURL (http://host:port) render every probe for
+// model, and decodes the tokens with v. A probe the engine answers with a
+// client error is refused, not failed: templates may reject tool messages.
+// Any other failure is returned, wrapped; ErrUnsupported when the engine
+// serves no chat /tokenize.
+func Fetch(ctx context.Context, client *http.Client, baseURL, model string, v *vocab.Vocab) (*Rendering, error) {
+	r := &Rendering{Model: model, Texts: make([][]byte, len(Probes)), Refused: make([]string, len(Probes))}
+	modelJSON, _ := json.Marshal(model)
+	for i, p := range Probes {
+		body := make([]byte, 0, len(p.Body)+len(modelJSON)+16)
+		body = append(append(append(body, `{"model":`...), modelJSON...), ',')
+		body = append(body, p.Body[1:]...)
+		ids, refused, err := tokenize(ctx, client, baseURL+"/tokenize", body)
+		if err != nil {
+			return nil, fmt.Errorf("verify: probe %s: %w", p.Name, err)
+		}
+		if refused != "" {
+			r.Refused[i] = refused
+			continue
+		}
+		text, _, err := v.Append(nil, v.Start(), ids)
+		if err != nil {
+			return nil, fmt.Errorf("verify: probe %s: decoding the engine's tokens: %w", p.Name, err)
+		}
+		r.Texts[i] = text
+	}
+	return r, nil
+}
+
+// tokenize posts one probe; refused is the engine's complaint about a
+// request it rejected as a client error.
+func tokenize(ctx context.Context, client *http.Client, url string, body []byte) (ids []uint32, refused string, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+	if err != nil {
+		return nil, "", fmt.Errorf("reading /tokenize: %w", err)
+	}
+	switch {
+	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
+		return nil, "", ErrUnsupported
+	case resp.StatusCode >= 400 && resp.StatusCode < 500:
+		return nil, excerpt(data, 0, 120), nil
+	case resp.StatusCode != http.StatusOK:
+		return nil, "", fmt.Errorf("/tokenize: %s", resp.Status)
+	case len(data) > maxResponse:
+		return nil, "", fmt.Errorf("/tokenize: answer over %d bytes", maxResponse)
+	}
+	var out struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, "", fmt.Errorf("/tokenize answer: %w", err)
+	}
+	if out.Tokens == nil {
+		return nil, "", ErrUnsupported
+	}
+	return out.Tokens, "", nil
+}
+
+// Agreement is how one template's renders compare with an engine's.
+type Agreement struct {
+	Template prompt.Template
+	// Compared counts the probes both sides rendered; Exact those of them
+	// that are byte for byte equal.
+	Compared, Exact int
+	// For the first probe that differs: its name, the bytes in common
+	// before the first difference, and a few bytes of each side from there.
+	Probe            string
+	Common           int
+	Engine, Rendered string
+}
+
+// Agrees reports whether every probe both sides rendered is equal, and at
+// least one was.
+func (a Agreement) Agrees() bool { return a.Compared > 0 && a.Exact == a.Compared }
+
+// String describes the agreement for a log line.
+func (a Agreement) String() string {
+	switch {
+	case a.Compared == 0:
+		return a.Template.String() + ": no probe rendered by both"
+	case a.Agrees():
+		return a.Template.String() + ": " + strconv.Itoa(a.Exact) + " probes byte for byte"
+	}
+	return a.Template.String() + ": " + strconv.Itoa(a.Compared-a.Exact) + " of " + strconv.Itoa(a.Compared) +
+		" probes differ; probe " + a.Probe + " after " + strconv.Itoa(a.Common) + " bytes: engine " + a.Engine + ", kvroute " + a.Rendered
+}
+
+// Compare renders the probe set under t and compares it with r. A probe
+// the engine refused, or the template rejects, is not compared: the filter
+// routes such a request by load, which is safe.
+func Compare(r *Rendering, t prompt.Template) Agreement {
+	a := Agreement{Template: t}
+	var buf []byte
+	for i, p := range Probes {
+		if i >= len(r.Texts) || r.Texts[i] == nil {
+			continue
+		}
+		pr, err := prompt.Render(buf[:0], []byte(p.Body), t)
+		if err != nil {
+			continue
+		}
+		buf = pr.Text
+		a.Compared++
+		engine := r.Texts[i]
+		if bytes.Equal(engine, pr.Text) {
+			a.Exact++
+			continue
+		}
+		if a.Probe == "" {
+			n := commonPrefix(engine, pr.Text)
+			a.Probe, a.Common = p.Name, n
+			a.Engine, a.Rendered = excerpt(engine, n, 32), excerpt(pr.Text, n, 32)
+		}
+	}
+	return a
+}
+
+// Matching returns the templates whose renders agree with r.
+func Matching(r *Rendering) []prompt.Template {
+	var out []prompt.Template
+	for _, t := range prompt.Templates() {
+		if Compare(r, t).Agrees() {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func commonPrefix(a, b []byte) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// excerpt quotes up to n bytes of b from off, "<end>" past its end.
+func excerpt(b []byte, off, n int) string {
+	if off >= len(b) {
+		return "<end>"
+	}
+	s := b[off:min(len(b), off+n)]
+	return strconv.Quote(string(s))
+}

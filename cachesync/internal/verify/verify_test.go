@@ -1,0 +1,142 @@
+package verify
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvroute/kvroute/cachesync/internal/vocab"
+	"github.com/kvroute/kvroute/e2e/vllmsim"
+	"github.com/kvroute/kvroute/shared/prompt"
+)
+
+// The simulator renders chat requests with the real HuggingFace templates
+// through a Jinja engine and tokenizes with cl100k_base, so it stands for an
+// engine here.
+
+var (
+	vocabOnce sync.Once
+	cl100k    *vocab.Vocab
+	vocabErr  error
+)
+
+func loadVocab(t *testing.T) *vocab.Vocab {
+	t.Helper()
+	vocabOnce.Do(func() { cl100k, vocabErr = vocab.Load("cl100k_base") })
+	if vocabErr != nil {
+		t.Fatal(vocabErr)
+	}
+	return cl100k
+}
+
+func startSim(t *testing.T, model, template string) *vllmsim.Engine {
+	t.Helper()
+	e, err := vllmsim.Start(context.Background(), vllmsim.Config{Host: "127.0.0.1", Model: model, ChatTemplate: template})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
+	v := loadVocab(t)
+	tests := []struct {
+		model string
+		want  prompt.Template
+	}{
+		{"Qwen/Qwen2.5-7B-Instruct", prompt.ChatML},
+		{"meta-llama/Llama-3.1-8B-Instruct", prompt.Llama3},
+		{"mistralai/Mistral-Nemo-Instruct-2407", prompt.Mistral},
+		{"google/gemma-3-4b-it", prompt.Gemma},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want.String(), func(t *testing.T) {
+			e := startSim(t, tt.model, "")
+			r, err := Fetch(context.Background(), http.DefaultClient, e.URL(), tt.model, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := Compare(r, tt.want)
+			if !a.Agrees() {
+				t.Fatalf("own template: %v", a)
+			}
+			// Every probe a template family supports must have been
+			// compared, or the set proves less than it claims.
+			if refused := len(Probes) - a.Compared; refused > 1 {
+				t.Errorf("only %d of %d probes compared (refused: %q)", a.Compared, len(Probes), r.Refused)
+			}
+			if got := Matching(r); !slices.Equal(got, []prompt.Template{tt.want}) {
+				t.Errorf("Matching = %v, want only %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDisagreementNamesTheFirstDifference(t *testing.T) {
+	v := loadVocab(t)
+	// A Qwen model served with Llama 3's template, as a wrong
+	// --chat-template would.
+	e := startSim(t, "Qwen/Qwen2.5-7B-Instruct", "llama3")
+	r, err := Fetch(context.Background(), http.DefaultClient, e.URL(), "Qwen/Qwen2.5-7B-Instruct", v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := Compare(r, prompt.ChatML)
+	if a.Agrees() || a.Exact != 0 {
+		t.Fatalf("chatml agrees with a llama3 engine: %v", a)
+	}
+	// Both begin with a special token's "<|".
+	if a.Probe != Probes[0].Name || a.Common != 2 {
+		t.Errorf("first difference at probe %s byte %d, want %s byte 2", a.Probe, a.Common, Probes[0].Name)
+	}
+	if !strings.HasPrefix(a.Engine, `"begin_of_text|>`) || !strings.HasPrefix(a.Rendered, `"im_start|>`) {
+		t.Errorf("excerpts engine %s, kvroute %s", a.Engine, a.Rendered)
+	}
+	if s := a.String(); !strings.Contains(s, "probe user after 2 bytes") {
+		t.Errorf("String() = %q", s)
+	}
+	if got := Matching(r); !slices.Equal(got, []prompt.Template{prompt.Llama3}) {
+		t.Errorf("Matching = %v, want [llama3]", got)
+	}
+}
+
+func TestEngineAnswers(t *testing.T) {
+	v := loadVocab(t)
+	tests := []struct {
+		name    string
+		handler http.HandlerFunc
+		wantErr error
+		refused bool
+	}{
+		{"no tokenize", http.NotFound, ErrUnsupported, false},
+		{"tokenize without chat", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"count":0}`)) }, ErrUnsupported, false},
+		{"client error refuses", func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, `{"error":"template rejects tools"}`, http.StatusBadRequest)
+		}, nil, true},
+		{"server error fails", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", 500) }, nil, false},
+		{"unknown token fails", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"tokens":[4000000000]}`)) }, vocab.ErrUnknownToken, false},
+		{"garbage fails", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`<html>`)) }, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(tt.handler)
+			defer srv.Close()
+			r, err := Fetch(context.Background(), srv.Client(), srv.URL, "m", v)
+			switch {
+			case tt.refused:
+				if err != nil || r.Refused[0] == "" || Compare(r, prompt.ChatML).Agrees() {
+					t.Fatalf("err %v, refused %q: want every probe refused and no agreement", err, r.Refused)
+				}
+			case err == nil:
+				t.Fatal("no error")
+			case tt.wantErr != nil && !strings.Contains(err.Error(), tt.wantErr.Error()):
+				t.Fatalf("err %v, want %v", err, tt.wantErr)
+			}
+		})
+	}
+}
