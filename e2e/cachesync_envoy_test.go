@@ -48,7 +48,7 @@ func startCachesync(t testing.TB, addr string, engines []*vllmsim.Engine, precis
 		Listen: addr, Engines: strings.Join(spec, ","), ReportToken: reportToken,
 		Hash:         blockhash.Config{BlockSize: blockhash.DefaultBlockSize, MaxBlocks: blockhash.DefaultMaxBlocks},
 		SyncInterval: 100 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, ScrapeMisses: 3,
-		BytesPerToken: 4, LogFormat: "text",
+		BytesPerToken: 4, LogFormat: "text", TemplateCheck: 300 * time.Millisecond,
 	}
 	if precise {
 		cfg.Tokenizer = "cl100k_base"
@@ -293,6 +293,75 @@ func TestCachesyncApproximateModeSharedByGateways(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // the probes' last batches
 	reportsAccepted(t, g1)
 	reportsAccepted(t, g2)
+}
+
+// TestCachesyncTemplateMismatch: engines serving another chat template than
+// the gateways render with are found out, indexed from the gateways'
+// reports so that requests keep their affinity, and indexed from their KV
+// events again once redeployed with the template the gateways render.
+func TestCachesyncTemplateMismatch(t *testing.T) {
+	// The gateways render ChatML (the shipped envoy.yaml, for Qwen); the
+	// engines were started with Llama 3's template.
+	es := startEngines(t, 2, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05, ChatTemplate: "llama3"})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g1 := cachesyncGateway(t, es, cs.addr, nil)
+	g2 := cachesyncGateway(t, es, cs.addr, nil)
+	get := func(path string) string {
+		resp, err := http.Get("http://" + cs.addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	note := func(e *vllmsim.Engine) string { return "engine " + e.Addr() + " is routed approximately" }
+	waitFor(t, 15*time.Second, "cachesync to find both engines' templates disagreeing", func() bool {
+		r := get("/readyz")
+		return strings.Contains(r, note(es[0])) && strings.Contains(r, note(es[1]))
+	})
+	metrics := get("/metrics")
+	for _, want := range []string{
+		`kvroute_cachesync_engines_by_template{state="disagrees"} 2`,
+		`kvroute_cachesync_engines{mode="approximate"} 2`,
+		`kvroute_cachesync_template_agreement{engine="` + es[0].Addr() + `",template="chatml"} 0`,
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	// Affinity from reports: gateway 2 never saw the conversation.
+	system := "Account review. " + strings.Repeat("The customer asked about invoices twice. ", 30)
+	code, d := post(t, g1.client, g1.url, simChat(system, "turn 1", 1))
+	if code != http.StatusOK {
+		t.Fatalf("through gateway 1: %d", code)
+	}
+	home := d[len("endpoint="):strings.Index(d, ";")]
+	waitFor(t, 10*time.Second, "gateway 2 to route by gateway 1's report", func() bool {
+		return affineTo(probe(t, g2, system, "turn 2"), home)
+	})
+
+	// Redeployed with the model's own template (ChatML), engine 0 agrees,
+	// and its KV events drive routing again: it is warmed directly, so
+	// only its events can tell the gateways.
+	if err := es[0].Redeploy(""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "engine 0 to be indexed precisely again", func() bool {
+		r := get("/readyz")
+		return !strings.Contains(r, note(es[0])) && strings.Contains(r, note(es[1]))
+	})
+	warm := "Fresh tenant. " + strings.Repeat("Shipping takes three days. ", 40)
+	if code, _ := post(t, http.DefaultClient, es[0].URL(), simChat(warm, "first", 1)); code != http.StatusOK {
+		t.Fatalf("warming engine 0: %d", code)
+	}
+	waitFor(t, 10*time.Second, "affinity to engine 0 from its KV events", func() bool {
+		return affineTo(probe(t, g2, warm, "next question"), es[0].Addr())
+	})
+	if m := get("/metrics"); !strings.Contains(m, `kvroute_cachesync_engines_by_template{state="agrees"} 1`+"\n") {
+		t.Errorf("/metrics does not count engine 0 as agreeing")
+	}
 }
 
 func TestCachesyncOutagesNeverFailRequests(t *testing.T) {

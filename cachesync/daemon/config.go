@@ -54,6 +54,10 @@ type Config struct {
 	// for a precise endpoint count until its events confirm them, for that
 	// long (index.Config.PendingTTL); 0 leaves them to the events alone.
 	PendingTTL time.Duration
+	// TemplateCheck is how often each engine with KV events is asked to
+	// render the probe set, to check its chat template against the
+	// gateways'; 0 means DefaultTemplateCheck, negative never.
+	TemplateCheck time.Duration
 
 	LogFormat string // "text" or "json"
 	LogLevel  slog.Level
@@ -88,6 +92,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.Float64Var(&c.Calibration.Ceiling, "prefill-rate-max", 0, "highest calibrated prefill rate accepted (default 4x -prefill-rate)")
 	fs.DurationVar(&c.PendingTTL, "pending-ttl", 0, "experimental: how long a block a routing report names for an engine with KV events counts before the engine's events confirm it (0: off; the benchmark runs 10s)")
 	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token: sizes approximate indexes, and the filters estimate prompt tokens by it (sent in the snapshot)")
+	fs.DurationVar(&c.TemplateCheck, "template-check", DefaultTemplateCheck, "how often each engine with KV events renders a probe set through its /tokenize, to check its chat template against the gateways' (an engine that disagrees is indexed approximately); negative: never")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 

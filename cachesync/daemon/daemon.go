@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/service"
 	"github.com/kvroute/kvroute/cachesync/internal/vocab"
 	"github.com/kvroute/kvroute/shared/approx"
+	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
@@ -42,8 +44,14 @@ type Daemon struct {
 	vocab  *vocab.Vocab
 	source discovery.Source
 
-	scrapes    chan scrape.State
-	discovered chan struct{}
+	scrapes       chan scrape.State
+	discovered    chan struct{}
+	checks        chan checkResult // finished template checks
+	http          *http.Client     // for template checks
+	gatewayWindow time.Duration
+	// warnedTemplates is the set of differing gateway templates last
+	// warned about.
+	warnedTemplates []prompt.Template
 
 	mu      sync.Mutex // guards engines and scraper for the metrics collector
 	engines map[string]*engine
@@ -94,6 +102,7 @@ type engine struct {
 	eventsFrom time.Time
 	servedFrom float64
 	silent     bool
+	template   templateState
 }
 
 // New builds the daemon's components and opens its listener.
@@ -104,6 +113,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, log: log, reg: prometheus.NewRegistry(),
 		scrapes: make(chan scrape.State, 256), discovered: make(chan struct{}),
+		checks: make(chan checkResult, 16), http: newCheckClient(), gatewayWindow: gatewayWindow,
 		engines: map[string]*engine{}, listeners: map[string]*kvevents.Listener{}, silence: eventSilence,
 		tokenPoll: tokenFilePoll,
 	}
@@ -135,7 +145,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	tokens := d.tokens(fileTokens)
 	if d.svc, err = service.New(service.Config{
-		Index: d.ix, Tokens: tokens, Registry: d.reg, Discovered: d.discovered, Logger: log,
+		Index: d.ix, Tokens: tokens, Registry: d.reg, Discovered: d.discovered, Logger: log, Notes: d.templateNotes,
 		ReportLimits: reportLimits(cfg),
 	}); err != nil {
 		return nil, err
@@ -207,9 +217,11 @@ loop:
 			for _, e := range d.engines {
 				if e.scraped {
 					d.update(e)
+					d.maybeCheck(ctx, e, e.last.Models)
 				}
 			}
 			d.mu.Unlock()
+			d.rejudge(ctx)
 		case set := <-sets:
 			d.reconcile(ctx, scraper, set)
 			if first {
@@ -218,6 +230,8 @@ loop:
 			}
 		case st := <-d.scrapes:
 			d.applyScrape(ctx, st)
+		case res := <-d.checks:
+			d.applyCheck(ctx, res)
 		case <-ctx.Done():
 			break loop
 		}

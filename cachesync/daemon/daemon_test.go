@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -579,4 +580,68 @@ func TestTokenFileRotation(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond)
 	until("new", true)
+}
+
+// TestTemplateFollowsTheGateways: an engine is checked against the template
+// the gateways name when they fetch; reconfiguring the gateways moves the
+// engine between precise and approximate indexing, and gateways that
+// disagree with each other are warned about.
+func TestTemplateFollowsTheGateways(t *testing.T) {
+	es, err := vllmsim.StartN(t.Context(), 1, vllmsim.Config{Model: model, TimeScale: 0.001,
+		KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := es[0]
+	d := newDaemon(t, Config{Engines: e.Addr() + "?events=" + e.EventsEndpoint(), Tokenizer: "cl100k_base",
+		ReportToken: "tok", TemplateCheck: 100 * time.Millisecond})
+	logs := &syncLog{}
+	d.log = slog.New(slog.NewTextHandler(logs, nil))
+	d.gatewayWindow = 500 * time.Millisecond
+	runDaemon(t, d)
+	base := "http://" + d.Addr()
+
+	// Gateways poll the snapshot naming their templates.
+	var names atomic.Value
+	names.Store([]string{"chatml"})
+	go func() {
+		for t.Context().Err() == nil {
+			for _, n := range names.Load().([]string) {
+				req, _ := http.NewRequestWithContext(t.Context(), "GET", base+"/v1/snapshot?since=0&template="+n, nil)
+				req.Header.Set("Authorization", "Bearer tok")
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	metric := func(line string) func() bool {
+		return func() bool { return strings.Contains(get(t, base+"/metrics"), line+"\n") }
+	}
+	eventually(t, "the engine to agree with chatml gateways", metric(`kvroute_cachesync_engines_by_template{state="agrees"} 1`))
+	if !strings.Contains(get(t, base+"/metrics"), `kvroute_cachesync_template_agreement{engine="`+e.Addr()+`",template="chatml"} 1`+"\n") {
+		t.Error("no agreement of 1 for chatml")
+	}
+
+	names.Store([]string{"llama3"})
+	eventually(t, "the engine to be indexed approximately", metric(`kvroute_cachesync_engines{mode="approximate"} 1`))
+	if r := get(t, base+"/readyz"); !strings.Contains(r, "engine "+e.Addr()+" is routed approximately: its chat template disagrees with the gateways' (llama3: ") {
+		t.Errorf("readyz: %q", r)
+	}
+	if l := grepLines(logs.String(), "does not render prompts as the gateways do"); !strings.Contains(l, "engine_renders_like=chatml") {
+		t.Errorf("mismatch log: %q", l)
+	}
+
+	names.Store([]string{"chatml", "llama3"})
+	eventually(t, "a warning about gateways that disagree", func() bool {
+		return strings.Contains(logs.String(), "gateways render prompts with different chat templates")
+	})
+
+	names.Store([]string{"chatml"})
+	eventually(t, "the engine to be indexed precisely again", metric(`kvroute_cachesync_engines{mode="precise"} 1`))
+	eventually(t, "its events to be followed again", func() bool {
+		return strings.Count(logs.String(), "following KV events") == 2
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/bridge"
 	"github.com/kvroute/kvroute/cachesync/internal/discovery"
 	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
+	"github.com/kvroute/kvroute/cachesync/internal/verify"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
@@ -80,6 +81,9 @@ var (
 	descScrapes        = prometheus.NewDesc(ns+"scrapes_total", "Metric scrapes of engines, failed ones included.", nil, nil)
 	descScrapeFailures = prometheus.NewDesc(ns+"scrape_failures_total", "Metric scrapes of engines that failed.", nil, nil)
 	descScrapeSeconds  = prometheus.NewDesc(ns+"scrape_seconds_total", "Time spent scraping engines.", nil, nil)
+	descAgreement      = prometheus.NewDesc(ns+"template_agreement", "Share of the probe conversations an engine renders byte for byte as the gateways' chat template does (1: agrees).", []string{"engine", "template"}, nil)
+	descCommonPrefix   = prometheus.NewDesc(ns+"template_common_prefix_bytes", "Bytes an engine's render of its first differing probe shares with the gateways' template's; absent when they agree.", []string{"engine", "template"}, nil)
+	descTemplates      = prometheus.NewDesc(ns+"engines_by_template", "Engines with KV events by chat-template check: agrees, disagrees (indexed approximately), unchecked.", []string{"state"}, nil)
 	descDiscovery      = prometheus.NewDesc(ns+"discovery_updates_total", "Engine sets discovery sent.", nil, nil)
 	descDiscoveryErrs  = prometheus.NewDesc(ns+"discovery_errors_total", "Discovery lookups that failed (the last set stands).", nil, nil)
 )
@@ -95,7 +99,7 @@ type collector struct{ d *Daemon }
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descBatches, descGaps, descReplays, descReplayFailures, descReplayed,
 		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines,
-		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descDiscovery, descDiscoveryErrs} {
+		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descAgreement, descCommonPrefix, descTemplates, descDiscovery, descDiscoveryErrs} {
 		ch <- d
 	}
 }
@@ -106,10 +110,30 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	total := d.gone
 	total.br.Blocks, total.br.TextBlocks, total.br.Bytes = 0, 0, 0 // gauges count live engines only
 	precise := 0
-	for _, e := range d.engines {
+	var states [3]int // agrees, disagrees, unchecked
+	type agreement struct {
+		engine string
+		a      verify.Agreement
+	}
+	var agree []agreement
+	for addr, e := range d.engines {
 		total.add(e.stats())
 		if e.precise {
 			precise++
+		}
+		if !d.checkable(e) {
+			continue
+		}
+		switch tc := &e.template; {
+		case tc.mismatch:
+			states[1]++
+		case tc.agrees():
+			states[0]++
+		default:
+			states[2]++
+		}
+		for _, a := range e.template.agree {
+			agree = append(agree, agreement{addr, a})
 		}
 	}
 	engines := len(d.engines)
@@ -146,6 +170,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descBridgeBytes, b.Bytes)
 	gauge(descEngines, precise, "precise")
 	gauge(descEngines, engines-precise, "approximate")
+	for i, state := range []string{"agrees", "disagrees", "unchecked"} {
+		gauge(descTemplates, states[i], state)
+	}
+	for _, g := range agree {
+		share := 0.0
+		if g.a.Compared > 0 {
+			share = float64(g.a.Exact) / float64(g.a.Compared)
+		}
+		ch <- prometheus.MustNewConstMetric(descAgreement, prometheus.GaugeValue, share, g.engine, g.a.Template.String())
+		if !g.a.Agrees() && g.a.Probe != "" {
+			gauge(descCommonPrefix, g.a.Common, g.engine, g.a.Template.String())
+		}
+	}
 	if scraper != nil {
 		st := scraper.Stats()
 		counter(descScrapes, st.Scrapes)

@@ -228,7 +228,7 @@ func TestModelsAndTokenize(t *testing.T) {
 	code, body = post(t, e.URL()+"/detokenize", `{"tokens":`+mustJSON(tok.Tokens)+`}`)
 	var detok struct{ Prompt string }
 	json.Unmarshal(body, &detok)
-	want, _ := e.tpl.render(chatRender{messages: json.RawMessage(msgs), addGenerationPrompt: true})
+	want, _ := e.tpl.Load().render(chatRender{messages: json.RawMessage(msgs), addGenerationPrompt: true})
 	if code != 200 || detok.Prompt != want {
 		t.Fatalf("detokenize: %d %q, want %q", code, detok.Prompt, want)
 	}

@@ -28,7 +28,7 @@ import (
 type Engine struct {
 	cfg Config // with defaults and, after the first start, concrete ports
 	tok tokenizer
-	tpl *chatTemplate // nil: the model has no chat template
+	tpl atomic.Pointer[chatTemplate] // nil: the model has no chat template
 	log *slog.Logger
 
 	pubSpec  endpointSpec
@@ -72,7 +72,8 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, tok: tok, tpl: tpl, log: cfg.Logger.With("engine", cfg.Model)}
+	e := &Engine{cfg: cfg, tok: tok, log: cfg.Logger.With("engine", cfg.Model)}
+	e.tpl.Store(tpl)
 	if cfg.KVEvents.Publisher == "zmq" {
 		e.pubSpec = pubEndpoint(cfg.KVEvents.Endpoint)
 		e.replayEP = cfg.KVEvents.ReplayEndpoint
@@ -195,6 +196,22 @@ func (e *Engine) Restart() error {
 	if err := e.stop(); err != nil {
 		e.log.Warn("restart: stop", "err", err)
 	}
+	return e.start()
+}
+
+// Redeploy restarts the engine as Restart does, serving the chat template
+// spec names (Config.ChatTemplate) from then on: a redeploy with another
+// --chat-template.
+func (e *Engine) Redeploy(chatTemplate string) error {
+	tpl, err := newChatTemplate(chatTemplate, e.cfg.Model)
+	if err != nil {
+		return err
+	}
+	if err := e.stop(); err != nil {
+		e.log.Warn("redeploy: stop", "err", err)
+	}
+	e.cfg.ChatTemplate = chatTemplate
+	e.tpl.Store(tpl)
 	return e.start()
 }
 

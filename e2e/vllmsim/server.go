@@ -234,7 +234,8 @@ func (e *Engine) resolveModel(model *string, p *parsed) *apiError {
 }
 
 func (e *Engine) chatPrompt(req *genRequest, p *parsed) *apiError {
-	if e.tpl == nil {
+	tpl := e.tpl.Load()
+	if tpl == nil {
 		return badRequest("As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template if the tokenizer does not define one.")
 	}
 	if len(req.Messages) == 0 {
@@ -247,7 +248,7 @@ func (e *Engine) chatPrompt(req *genRequest, p *parsed) *apiError {
 	if agp && req.ContinueFinalMessage {
 		return badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
 	}
-	text, err := e.tpl.render(chatRender{
+	text, err := tpl.render(chatRender{
 		messages:            req.Messages,
 		tools:               req.Tools,
 		addGenerationPrompt: agp,
@@ -257,8 +258,8 @@ func (e *Engine) chatPrompt(req *genRequest, p *parsed) *apiError {
 	if err != nil {
 		return badRequest("%v", err)
 	}
-	if req.AddSpecialTokens != nil && *req.AddSpecialTokens && e.tpl.fam.addBOS {
-		text = e.tpl.fam.bos + text
+	if req.AddSpecialTokens != nil && *req.AddSpecialTokens && tpl.fam.addBOS {
+		text = tpl.fam.bos + text
 	}
 	p.prompts = [][]int{e.tok.encode(text)}
 	return nil
@@ -272,9 +273,9 @@ func (e *Engine) completionPrompts(req *genRequest, p *parsed) *apiError {
 		return badRequest("Field required: prompt")
 	}
 	bos := ""
-	if e.tpl != nil && e.tpl.fam.addBOS && (req.AddSpecialTokens == nil || *req.AddSpecialTokens) {
+	if tpl := e.tpl.Load(); tpl != nil && tpl.fam.addBOS && (req.AddSpecialTokens == nil || *req.AddSpecialTokens) {
 		// vLLM tokenizes completion text with add_special_tokens=True.
-		bos = e.tpl.fam.bos
+		bos = tpl.fam.bos
 	}
 	text := func(s string) *apiError {
 		if s == "" {

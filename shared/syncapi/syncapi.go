@@ -32,6 +32,11 @@ const (
 // SinceParam names the generation the fetcher already holds.
 const SinceParam = "since"
 
+// TemplateParam names the chat template the fetching gateway renders
+// prompts with, so that cachesync checks each engine's template against it
+// (a precise index is only as good as the gateway's render of the prompt).
+const TemplateParam = "template"
+
 // ContentType is the media type of snapshot bundles and report batches.
 const ContentType = "application/octet-stream"
 
@@ -40,9 +45,11 @@ const ContentType = "application/octet-stream"
 const MaxReportBytes = 16 << 20
 
 // SnapshotQuery returns the request path asking for what changed after
-// generation since (0: a whole snapshot).
-func SnapshotQuery(path string, since uint64) string {
-	return path + "?" + SinceParam + "=" + strconv.FormatUint(since, 10)
+// generation since (0: a whole snapshot), from a gateway that renders with
+// the named chat template (a configuration name: letters, digits and dots,
+// which need no escaping; and the filter links no net/url).
+func SnapshotQuery(path string, since uint64, template string) string {
+	return path + "?" + SinceParam + "=" + strconv.FormatUint(since, 10) + "&" + TemplateParam + "=" + template
 }
 
 // ETag is the entity tag of a generation: its number, quoted.

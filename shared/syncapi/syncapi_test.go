@@ -53,7 +53,7 @@ func TestBearerRoundTrip(t *testing.T) {
 }
 
 func TestSnapshotQueryAndETag(t *testing.T) {
-	if got := SnapshotQuery(SnapshotPath, 42); got != "/v1/snapshot?since=42" {
+	if got := SnapshotQuery(SnapshotPath, 42, "llama3"); got != "/v1/snapshot?since=42&template=llama3" {
 		t.Errorf("SnapshotQuery = %q", got)
 	}
 	if got := ETag(42); got != `"42"` {

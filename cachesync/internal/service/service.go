@@ -5,7 +5,7 @@
 //	POST /v1/reports                      routing reports from gateways (bearer token)
 //	GET  /metrics                         Prometheus metrics
 //	GET  /healthz                         the process is alive
-//	GET  /readyz                          discovery has run and a snapshot exists
+//	GET  /readyz                          discovery has run and a snapshot exists (and notes)
 //
 // A snapshot response carries the parts written after the generation the
 // fetcher holds (all of them for since=0, an unknown or a future
@@ -82,6 +82,10 @@ type Config struct {
 	// Discovered is closed once engine discovery has run for the first
 	// time; /readyz waits for it. Nil means no wait.
 	Discovered <-chan struct{}
+	// Notes, when set, returns lines /readyz adds to its answer: what a
+	// ready daemon is doing less well than it could (an engine routed
+	// approximately, and why).
+	Notes func() []string
 	// ShutdownGrace bounds how long Serve waits for requests in flight
 	// when its context ends; 0 means DefaultShutdownGrace.
 	ShutdownGrace time.Duration
@@ -102,6 +106,8 @@ type Server struct {
 	m          metrics
 	cache      bundleCache
 	mux        *http.ServeMux
+	templates  gatewayTemplates
+	notes      func() []string
 }
 
 type metrics struct {
@@ -125,6 +131,7 @@ func New(cfg Config) (*Server, error) {
 		discovered: cfg.Discovered,
 		grace:      cfg.ShutdownGrace,
 		log:        cfg.Logger,
+		notes:      cfg.Notes,
 	}
 	s.SetTokens(cfg.Tokens...)
 	if s.maxBody == 0 {
@@ -231,7 +238,13 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 		text(w, http.StatusServiceUnavailable, "no snapshot built yet")
 		return
 	}
-	text(w, http.StatusOK, "ready")
+	msg := "ready"
+	if s.notes != nil {
+		for _, n := range s.notes() {
+			msg += "\n" + n
+		}
+	}
+	text(w, http.StatusOK, msg)
 }
 
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
@@ -246,8 +259,12 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 		text(w, http.StatusUnauthorized, "missing or wrong bearer token")
 		return
 	}
+	query := r.URL.Query()
+	if name := query.Get(syncapi.TemplateParam); name != "" {
+		s.templates.saw(name, time.Now())
+	}
 	var since uint64
-	if q := r.URL.Query().Get(syncapi.SinceParam); q != "" {
+	if q := query.Get(syncapi.SinceParam); q != "" {
 		var err error
 		if since, err = strconv.ParseUint(q, 10, 64); err != nil {
 			s.m.requests.WithLabelValues("bad_request").Inc()

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/cachesync/internal/index"
+	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
@@ -467,6 +469,12 @@ func TestReadiness(t *testing.T) {
 	close(discovered)
 	check("/readyz", http.StatusOK)
 
+	n := newFixture(t, Config{Notes: func() []string { return []string{"engine 10.0.0.1:8000 is routed approximately"} }}, index.Config{})
+	n.ix.Publish()
+	if resp, body := n.do(t, "GET", "/readyz", nil); resp.StatusCode != http.StatusOK || string(body) != "ready\nengine 10.0.0.1:8000 is routed approximately\n" {
+		t.Fatalf("readyz with notes: %s %q", resp.Status, body)
+	}
+
 	g := newFixture(t, Config{}, index.Config{})
 	if resp, _ := g.do(t, "GET", "/readyz", nil); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("ready before the first snapshot: %s", resp.Status)
@@ -579,5 +587,31 @@ func TestTokens(t *testing.T) {
 	}
 	if _, m := f.do(t, "GET", "/metrics", nil); !strings.Contains(string(m), `kvroute_cachesync_snapshot_requests_total{result="unauthorized"} 3`) {
 		t.Error("refused snapshot requests are not counted as unauthorized")
+	}
+}
+
+// TestGatewayTemplates: the templates gateways name when they fetch are
+// remembered for the checks of engines' templates, but only from
+// authorised fetches and only names kvroute renders.
+func TestGatewayTemplates(t *testing.T) {
+	f := newFixture(t, Config{Tokens: []string{"tok"}}, index.Config{})
+	f.ix.Publish()
+	for _, q := range []struct {
+		path string
+		auth []string
+	}{
+		{"/v1/snapshot?since=0&template=llama3", []string{"Authorization", "Bearer tok"}},
+		{"/v1/snapshot?since=0&template=gemma", nil},                                                // refused: no token
+		{"/v1/snapshot?since=0&template=no-such-template", []string{"Authorization", "Bearer tok"}}, // unknown
+		{"/v1/snapshot?since=0&template=chatml", []string{"Authorization", "Bearer tok"}},
+		{"/v1/snapshot?since=0&template=chatml", []string{"Authorization", "Bearer tok"}},
+	} {
+		f.do(t, "GET", q.path, nil, q.auth...)
+	}
+	if got, want := f.srv.GatewayTemplates(time.Minute), []prompt.Template{prompt.ChatML, prompt.Llama3}; !slices.Equal(got, want) {
+		t.Errorf("GatewayTemplates = %v, want %v", got, want)
+	}
+	if got := f.srv.GatewayTemplates(0); len(got) != 0 {
+		t.Errorf("GatewayTemplates(0) = %v, want none", got)
 	}
 }
