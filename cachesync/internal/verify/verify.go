@@ -15,13 +15,13 @@ package verify
 import (
 	"bytes"
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/kvroute/kvroute/cachesync/internal/vocab"
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -30,31 +30,28 @@ import (
 // Probe is one conversation of the probe set: a chat request body without
 // its model.
 type Probe struct {
-	Name string
-	Body string
+	Name string          `json:"name"`
+	Body json.RawMessage `json:"body"`
 }
 
-// longSystem is a system prompt of a few blocks, long enough that a
-// template's handling of it shows after the first block.
-var longSystem = strings.Repeat("You are the support assistant of Example Corp. Answer briefly, cite the policy section, and never promise refunds. ", 12)
-
-// Probes are the conversations every engine renders. Together they reach
+// Probes are the conversations every engine renders (probes.json, which
+// shared/prompt's Jinja2 reference script renders too). Together they reach
 // each branch the known templates take: with and without a system prompt,
 // earlier turns, tool definitions, calls and results, content given as
 // parts, text that needs escaping, and a render without the generation
 // prompt. Media parts are left out: their text is a placeholder of kvroute's
 // own that no engine prints.
-var Probes = []Probe{
-	{"user", `{"messages":[{"role":"user","content":"What is the capital of France?"}]}`},
-	{"system", `{"messages":[{"role":"system","content":` + strconv.Quote(longSystem) + `},{"role":"user","content":"My order has not arrived."}]}`},
-	{"multi-turn", `{"messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello. What do you need?"},{"role":"user","content":"The time in Tokyo."}]}`},
-	{"tools", `{"messages":[{"role":"user","content":"Weather in Paris?"},` +
-		`{"role":"assistant","content":"","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},` +
-		`{"role":"tool","tool_call_id":"call_1","content":"{\"temp_c\": 18}"}],` +
-		`"tools":[{"type":"function","function":{"name":"get_weather","description":"Current weather in a city.","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]}`},
-	{"content-parts", `{"messages":[{"role":"user","content":[{"type":"text","text":"Summarise this:"},{"type":"text","text":"The meeting moved to Thursday."}]}]}`},
-	{"unicode", `{"messages":[{"role":"user","content":"Caf\u00e9 \u65e5\u672c\u8a9e \ud83d\ude80 \"quoted\" back\\slash\ttab\nnew line"}]}`},
-	{"no-generation-prompt", `{"messages":[{"role":"user","content":"Say yes."},{"role":"assistant","content":"Yes."}],"add_generation_prompt":false}`},
+var Probes = mustProbes()
+
+//go:embed probes.json
+var probesJSON []byte
+
+func mustProbes() []Probe {
+	var ps []Probe
+	if err := json.Unmarshal(probesJSON, &ps); err != nil {
+		panic("verify: probes.json: " + err.Error())
+	}
+	return ps
 }
 
 // ErrUnsupported means the engine has no chat /tokenize: it cannot be
@@ -85,7 +82,7 @@ func Fetch(ctx context.Context, client *http.Client, baseURL, model string, v *v
 	for i, p := range Probes {
 		body := make([]byte, 0, len(p.Body)+len(modelJSON)+16)
 		body = append(append(append(body, `{"model":`...), modelJSON...), ',')
-		body = append(body, p.Body[1:]...)
+		body = append(body, bytes.TrimSpace(p.Body)[1:]...)
 		ids, refused, err := tokenize(ctx, client, baseURL+"/tokenize", body)
 		if err != nil {
 			return nil, fmt.Errorf("verify: probe %s: %w", p.Name, err)
@@ -181,7 +178,7 @@ func Compare(r *Rendering, t prompt.Template) Agreement {
 		if i >= len(r.Texts) || r.Texts[i] == nil {
 			continue
 		}
-		pr, err := prompt.Render(buf[:0], []byte(p.Body), t)
+		pr, err := prompt.Render(buf[:0], p.Body, t)
 		if err != nil {
 			continue
 		}

@@ -2,8 +2,11 @@ package verify
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -138,5 +141,37 @@ func TestEngineAnswers(t *testing.T) {
 				t.Fatalf("err %v, want %v", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+// TestProbesArePinnedToJinja2: shared/prompt's reference renders hold every
+// probe as it is now, so its Jinja2 test covers the probe set; a probe
+// changed without regenerating the reference fails here.
+func TestProbesArePinnedToJinja2(t *testing.T) {
+	b, err := os.ReadFile("../../../shared/prompt/testdata/reference.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct{ Cases []struct{ Name, Body string } }
+	if err := json.Unmarshal(b, &ref); err != nil {
+		t.Fatal(err)
+	}
+	bodies := map[string]string{}
+	for _, c := range ref.Cases {
+		bodies[c.Name] = c.Body
+	}
+	for _, p := range Probes {
+		var want, got any
+		if err := json.Unmarshal(p.Body, &want); err != nil {
+			t.Fatal(err)
+		}
+		body, ok := bodies["probe_"+p.Name]
+		if !ok {
+			t.Errorf("probe %s is not in the reference: run shared/prompt/testdata/render_reference.py", p.Name)
+			continue
+		}
+		if err := json.Unmarshal([]byte(body), &got); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("probe %s differs from its reference render's body: run shared/prompt/testdata/render_reference.py", p.Name)
+		}
 	}
 }

@@ -7,8 +7,10 @@ apply_chat_template, renders each real template of e2e/vllmsim/templates with
 Jinja2 configured as transformers configures it, and writes every body and
 output to reference.json. The Go tests read that file; they never run Python.
 
-Regenerate (needs jinja2 and xxhash: apt-get install python3-jinja2, pip
-install xxhash) from the repository root:
+It also renders cachesync's template-check probes (probe_* cases), so that
+the probe set itself is pinned to Jinja2. Regenerate (needs jinja2 and
+xxhash: apt-get install python3-jinja2, pip install xxhash) from the
+repository root:
 
     python3 shared/prompt/testdata/render_reference.py
 """
@@ -24,6 +26,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(ROOT, "..", "..", "..", "e2e", "vllmsim", "templates")
+# The probe set cachesync has every engine render (cachesync/internal/verify).
+PROBES = os.path.join(ROOT, "..", "..", "..", "cachesync", "internal", "verify", "probes.json")
 
 # family: (template file, special tokens of the model, content format vLLM
 # detects for the template: "string" joins text parts, "openai" keeps them).
@@ -245,10 +249,15 @@ CASES = {
 }
 
 
+def probe_cases():
+    with open(PROBES, encoding="utf-8") as f:
+        return {"probe_" + p["name"]: j(p["body"]) for p in json.load(f)}
+
+
 def main():
     env = environment()
     out = []
-    for name, raw in CASES.items():
+    for name, raw in {**CASES, **probe_cases()}.items():
         json.loads(raw)  # every body is valid JSON
         out.append({"name": name, "body": raw, "want": {f: render(env, f, raw) for f in FAMILIES}})
     path = os.path.join(ROOT, "reference.json")
