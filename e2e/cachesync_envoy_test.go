@@ -90,8 +90,8 @@ func startEngines(t testing.TB, n int, cfg vllmsim.Config) []*vllmsim.Engine {
 }
 
 // cachesyncGateway runs the shipped envoy.yaml in front of the engines,
-// pointed at cachesync, with the debug header on.
-func cachesyncGateway(t testing.TB, engines []*vllmsim.Engine, cachesync string, policy map[string]any) *gateway {
+// pointed at cachesync, with the debug header on; settings are more plugin configuration keys and values, in pairs.
+func cachesyncGateway(t testing.TB, engines []*vllmsim.Engine, cachesync string, policy map[string]any, settings ...any) *gateway {
 	t.Helper()
 	var addrs []string
 	for _, e := range engines {
@@ -107,6 +107,9 @@ func cachesyncGateway(t testing.TB, engines []*vllmsim.Engine, cachesync string,
 	pc["debug_header"] = true
 	if policy != nil {
 		pc["policy"] = policy
+	}
+	for i := 0; i+1 < len(settings); i += 2 {
+		pc[settings[i].(string)] = settings[i+1]
 	}
 	must(t, cfg.SetPluginConfiguration(pluginName, pc))
 	return startGateway(t, cfg, 2)
@@ -300,12 +303,12 @@ func TestCachesyncApproximateModeSharedByGateways(t *testing.T) {
 // reports so that requests keep their affinity, and indexed from their KV
 // events again once redeployed with the template the gateways render.
 func TestCachesyncTemplateMismatch(t *testing.T) {
-	// The gateways render ChatML (the shipped envoy.yaml, for Qwen); the
-	// engines were started with Llama 3's template.
+	// The gateways are configured to render ChatML (Qwen's template); the
+	// engines were started with Llama 3's.
 	es := startEngines(t, 2, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05, ChatTemplate: "llama3"})
 	cs := startCachesync(t, "127.0.0.1:0", es, true)
-	g1 := cachesyncGateway(t, es, cs.addr, nil)
-	g2 := cachesyncGateway(t, es, cs.addr, nil)
+	g1 := cachesyncGateway(t, es, cs.addr, nil, "chat_template", "chatml")
+	g2 := cachesyncGateway(t, es, cs.addr, nil, "chat_template", "chatml")
 	get := func(path string) string {
 		resp, err := http.Get("http://" + cs.addr + path)
 		if err != nil {
@@ -361,6 +364,56 @@ func TestCachesyncTemplateMismatch(t *testing.T) {
 	})
 	if m := get("/metrics"); !strings.Contains(m, `kvroute_cachesync_engines_by_template{state="agrees"} 1`+"\n") {
 		t.Errorf("/metrics does not count engine 0 as agreeing")
+	}
+}
+
+// TestCachesyncAutoTemplatePool: one gateway configuration, chat_template
+// auto, in front of a pool serving two models with different templates
+// (Qwen with ChatML, Llama 3.1 with its own): cachesync finds which template
+// each engine renders with, the gateway renders each model's requests with
+// its template, and both models are routed by their engines' KV events.
+func TestCachesyncAutoTemplatePool(t *testing.T) {
+	const llama = "meta-llama/Llama-3.1-8B-Instruct"
+	es := startEngines(t, 2, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	ls, err := vllmsim.StartN(context.Background(), 2, vllmsim.Config{Model: llama, NumGPUBlocks: 1024, TimeScale: 0.05,
+		KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, e := range ls {
+			e.Close()
+		}
+	})
+	all := append(slices.Clone(es), ls...)
+	cs := startCachesync(t, "127.0.0.1:0", all, true)
+	g := cachesyncGateway(t, all, cs.addr, nil, "chat_template", "auto")
+	waitFor(t, 15*time.Second, "cachesync to find every engine's template", func() bool {
+		resp, err := http.Get("http://" + cs.addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), `kvroute_cachesync_engines_by_template{state="agrees"} 4`+"\n")
+	})
+	chat := func(model, system, user string, maxTokens int) []byte {
+		b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": maxTokens,
+			"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
+		return b
+	}
+	// Each engine is warmed directly: only its KV events can tell the
+	// gateway, and they match only a render with the engine's template.
+	for i, e := range all {
+		model := e.Config().Model
+		system := "Tenant " + strconv.Itoa(i) + " of " + model + ". " + strings.Repeat("Orders ship within two days. ", 40)
+		if code, _ := post(t, http.DefaultClient, e.URL(), chat(model, system, "first", 1)); code != http.StatusOK {
+			t.Fatalf("warming %s: %d", e.Addr(), code)
+		}
+		waitFor(t, 10*time.Second, "affinity to the warmed "+model+" engine", func() bool {
+			code, d := post(t, g.client, g.url, chat(model, system, "next", -1))
+			return code == http.StatusBadRequest && affineTo(d, e.Addr())
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -156,7 +157,8 @@ func filterHashes(t testing.TB, body []byte) []uint64 {
 func engines(addrs ...string) []snapshot.EndpointInfo {
 	var eps []snapshot.EndpointInfo
 	for _, a := range addrs {
-		eps = append(eps, snapshot.EndpointInfo{Addr: a, Models: []string{"qwen"}, Health: snapshot.HealthHealthy, PrefillRate: 10000})
+		eps = append(eps, snapshot.EndpointInfo{Addr: a, Models: []string{"qwen"}, Health: snapshot.HealthHealthy, PrefillRate: 10000,
+			Template: prompt.ChatML}) // as cachesync's template check publishes it
 	}
 	return eps
 }
@@ -194,12 +196,23 @@ func TestSnapshotRoutingFollowsCachesync(t *testing.T) {
 	for _, vm := range vms {
 		calls += len(vm.PendingCallouts())
 	}
+	var sinces []string
 	for i, path := range f.fetches {
-		if full := strings.HasSuffix(path, "since=0"); full != (i == 0) {
+		u, err := url.Parse(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		sinces = append(sinces, q.Get("since"))
+		if full := q.Get("since") == "0"; full != (i == 0) {
 			t.Errorf("fetch %d was %s: only the first fetch may ask for a whole snapshot", i, path)
 		}
+		// cachesync checks the engines' chat templates against it.
+		if q.Get("template") != "auto" {
+			t.Errorf("fetch %d was %s: the gateway does not name its chat template", i, path)
+		}
 	}
-	if !contains(f.fetches, "/v1/snapshot?since="+strconv.FormatUint(f.img.Generation()-1, 10)) {
+	if !contains(sinces, strconv.FormatUint(f.img.Generation()-1, 10)) {
 		t.Errorf("fetches %v: none asked for the change since the previous generation", f.fetches)
 	}
 	lockHolders := 0

@@ -23,8 +23,11 @@ type config struct {
 	// endpoints are the rendezvous fallback's candidates, and in local mode
 	// the endpoints the filter's own index covers.
 	endpoints []string
-	template  prompt.Template
-	hashing   blockhash.Config
+	// template renders chat requests; with autoTemplate, only those whose
+	// model the snapshot names no template for.
+	template     prompt.Template
+	autoTemplate bool
+	hashing      blockhash.Config
 	// affinityBlocks is how many leading blocks name a prompt for the
 	// rendezvous fallback.
 	affinityBlocks int
@@ -88,7 +91,8 @@ func defaultConfig() config {
 	return config{
 		paths:          []string{"/v1/chat/completions", "/v1/completions"},
 		maxBodyBytes:   defaultMaxBodyBytes,
-		template:       prompt.ChatML,
+		template:       prompt.Plain,
+		autoTemplate:   true,
 		hashing:        blockhash.Config{BlockSize: blockhash.DefaultBlockSize, MaxBlocks: blockhash.DefaultMaxBlocks},
 		affinityBlocks: 8,
 		syncInterval:   100 * time.Millisecond,
@@ -191,7 +195,11 @@ var configFields = []struct {
 	{"endpoints", func(c *config, v gjson.Result) (err error) { c.endpoints, err = endpointList(v); return }},
 	{"chat_template", func(c *config, v gjson.Result) (err error) {
 		if v.Type != gjson.String {
-			return errors.New("want a template name")
+			return errors.New("want a template name or auto")
+		}
+		if c.autoTemplate = v.Str == syncapi.AutoTemplate; c.autoTemplate {
+			c.template = prompt.Plain
+			return nil
 		}
 		c.template, err = prompt.ParseTemplate(v.Str)
 		return
@@ -405,4 +413,12 @@ func (c *config) routes(method, path string) bool {
 		}
 	}
 	return false
+}
+
+// templateName is what the filter tells cachesync it renders with.
+func (c *config) templateName() string {
+	if c.autoTemplate {
+		return syncapi.AutoTemplate
+	}
+	return c.template.String()
 }

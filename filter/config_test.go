@@ -24,7 +24,7 @@ var configKeys = []struct {
 	{"endpoints", `["10.0.0.1:8000","[fd00::1]:8000"]`, func(c *config) bool {
 		return strings.Join(c.endpoints, ",") == "10.0.0.1:8000,[fd00::1]:8000"
 	}, `["host:80"]`},
-	{"chat_template", `"llama3"`, func(c *config) bool { return c.template == prompt.Llama3 }, `3`},
+	{"chat_template", `"llama3"`, func(c *config) bool { return c.template == prompt.Llama3 && !c.autoTemplate }, `3`},
 	{"block_size", `32`, func(c *config) bool { return c.hashing.BlockSize == 32 && c.policy.BlockBytes == 32 }, `-64`},
 	{"max_blocks", `100`, func(c *config) bool { return c.hashing.MaxBlocks == 100 }, `0`},
 	{"affinity_blocks", `4`, func(c *config) bool { return c.affinityBlocks == 4 }, `"8"`},

@@ -21,6 +21,7 @@ import (
 // (e2e). go test ./filter -run '^$' -bench Route
 func BenchmarkRoute(b *testing.B) {
 	cfg := defaultConfig()
+	cfg.template, cfg.autoTemplate = prompt.ChatML, false
 	cfg.endpoints = []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
 	if err := cfg.finish(); err != nil {
 		b.Fatal(err)

@@ -93,6 +93,7 @@ type decision struct {
 	// model is the requested model; prompt tokens are estimated from the
 	// text's length.
 	model        string
+	template     prompt.Template // the chat template the prompt was rendered with
 	promptTokens int
 	// runner is the runner-up endpoint's address, "" if none.
 	runner string
@@ -147,7 +148,11 @@ type loads func(v *snapshot.View, hashes []uint64, session uint64) []policy.Loca
 // snapshot when the view holds one, by rendezvous over the configured
 // endpoints otherwise. local reports the gateway's own load.
 func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOptions) decision {
-	p, err := r.renderer.Render(r.text[:0], body, r.cfg.template)
+	var m *snapshot.Manifest
+	if view != nil && view.Loaded() {
+		m = view.Manifest()
+	}
+	p, tmpl, err := r.render(body, m)
 	if err != nil {
 		if errors.Is(err, prompt.ErrNoPrompt) {
 			return decision{outcome: fallbackNoPrompt}
@@ -157,11 +162,7 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 	r.text = p.Text[:0]
 	seed := blockhash.Salted(blockhash.Seed(p.Model, ""), p.CacheSalt)
 	r.hashes = blockhash.Append(r.hashes[:0], seed, p.Text, r.cfg.hashing)
-	var m *snapshot.Manifest
-	if view != nil && view.Loaded() {
-		m = view.Manifest()
-	}
-	d := decision{model: p.Model, promptTokens: policy.Tokens(len(p.Text), m)}
+	d := decision{model: p.Model, template: tmpl, promptTokens: policy.Tokens(len(p.Text), m)}
 
 	if m != nil {
 		req := policy.Request{
@@ -223,6 +224,23 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 	d.reason = reasonRendezvous
 	d.policy = policy.Decision{Endpoint: -1, UncachedTokens: d.promptTokens}
 	return d
+}
+
+// render renders body with the configured template or, on auto, with the
+// one the snapshot m names for its model (the configured fallback, plain,
+// when m is nil or names none).
+func (r *router) render(body []byte, m *snapshot.Manifest) (prompt.Prompt, prompt.Template, error) {
+	if err := r.renderer.Parse(body); err != nil {
+		return prompt.Prompt{}, 0, err
+	}
+	t := r.cfg.template
+	if r.cfg.autoTemplate && m != nil {
+		if id := m.Model(r.renderer.Model()); id >= 0 {
+			t = m.ModelTemplate(id)
+		}
+	}
+	p, err := r.renderer.RenderParsed(r.text[:0], t)
+	return p, t, err
 }
 
 // allowedSlots marks the slots of m's endpoint table that subset names.
@@ -302,6 +320,8 @@ func (d *decision) header() string {
 	}
 	b = append(b, "; uncached_tokens="...)
 	b = strconv.AppendInt(b, int64(d.policy.UncachedTokens), 10)
+	b = append(b, "; template="...)
+	b = append(b, d.template.String()...)
 	return string(b)
 }
 

@@ -168,7 +168,7 @@ func (s *syncer) fetch() {
 	if m := s.view.Manifest(); m != nil && !s.full {
 		since = m.Generation()
 	}
-	headers := [][2]string{{":method", "GET"}, {":path", syncapi.SnapshotQuery(c.snapshotPath, since, s.cfg.template.String())}, {":authority", c.authority}}
+	headers := [][2]string{{":method", "GET"}, {":path", syncapi.SnapshotQuery(c.snapshotPath, since, s.cfg.templateName())}, {":authority", c.authority}}
 	// The snapshot's hashes tell whoever reads it which prompts were sent
 	// lately, so cachesync asks for the token here too.
 	if c.reportToken != "" {

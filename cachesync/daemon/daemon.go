@@ -396,6 +396,7 @@ func (d *Daemon) listener(ctx context.Context, endpoint string) (*kvevents.Liste
 func (d *Daemon) update(e *engine) {
 	info := e.last.EndpointInfo()
 	info.IndexCapacity = e.capacity
+	info.Template = e.template.renders
 	info.Model = d.models.model(e.d.Addr, max(info.PrefillRate, 1))
 	if e.d.Draining {
 		info.Health = snapshot.HealthDraining

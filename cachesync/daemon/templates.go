@@ -36,9 +36,12 @@ const templateTimeout = 10 * time.Second
 // templateState is one engine's check.
 type templateState struct {
 	rendering *verify.Rendering // the engine's last answer; nil before one
-	fetched   time.Time         // when the last check started
-	running   bool
-	failure   string // the last check's error, once logged; "" when it went through
+	// renders is the template that agrees with rendering, published in the
+	// snapshot for gateways on auto; Plain when none does.
+	renders prompt.Template
+	fetched time.Time // when the last check started
+	running bool
+	failure string // the last check's error, once logged; "" when it went through
 
 	// The verdict: against which gateway templates it was reached, their
 	// agreements, and whether the engine was made approximate for it.
@@ -47,7 +50,17 @@ type templateState struct {
 	mismatch bool
 }
 
-// agrees reports whether every template the gateways use agrees.
+// disagrees reports whether some target template disagrees.
+func (s *templateState) disagrees() bool {
+	for _, a := range s.agree {
+		if a.Disagrees() {
+			return true
+		}
+	}
+	return false
+}
+
+// agrees reports whether every target template agrees.
 func (s *templateState) agrees() bool {
 	for _, a := range s.agree {
 		if !a.Agrees() {
@@ -119,32 +132,64 @@ func (d *Daemon) applyCheck(ctx context.Context, res checkResult) {
 	}
 	tc.failure = ""
 	tc.rendering = res.rendering
+	tc.renders = prompt.Plain
+	if m := verify.Matching(res.rendering); len(m) > 0 {
+		tc.renders = m[0]
+	}
 	tc.against = nil // evaluate afresh
 	d.judge(ctx, e)
 }
 
-// rejudge re-evaluates every engine whose verdict was reached against other
-// gateway templates than those in use now. Called on the loop's tick.
+// rejudge re-evaluates every engine whose targets (targets) moved since
+// its verdict: the gateways reconfigured, or, for gateways on auto, another
+// engine of its model changed what the model renders with. Called on the
+// loop's tick.
 func (d *Daemon) rejudge(ctx context.Context) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	want := d.svc.GatewayTemplates(d.gatewayWindow)
-	if len(want) > 1 && !slices.Equal(want, d.warnedTemplates) {
-		d.warnedTemplates = want
-		d.log.Warn("gateways render prompts with different chat templates; an engine can agree with one of them at most, and is routed approximately", "templates", names(want))
+	fixed, auto := d.svc.GatewayTemplates(d.gatewayWindow)
+	if len(fixed) > 1 && !slices.Equal(fixed, d.warnedTemplates) {
+		d.warnedTemplates = fixed
+		d.log.Warn("gateways render prompts with different chat templates; an engine agrees with one of them at most, and is routed approximately", "templates", names(fixed))
 	}
 	for _, e := range d.engines {
-		if e.template.rendering != nil && !slices.Equal(e.template.against, want) {
+		if e.template.rendering != nil && !slices.Equal(e.template.against, d.targets(e, fixed, auto)) {
 			d.judge(ctx, e)
 		}
 	}
 }
 
-// judge compares e's last rendering with the gateways' templates and moves
-// the engine between precise and approximate indexing. With d.mu held.
+// targets are the templates e must agree with: those the gateways name,
+// and, when some gateway renders each model with the template the snapshot
+// names for it, the one it will name for e's model (prompt.Tally over the
+// engines serving it, as snapshot.Manifest.ModelTemplate counts).
+func (d *Daemon) targets(e *engine, fixed []prompt.Template, auto bool) []prompt.Template {
+	if !auto {
+		return fixed
+	}
+	var y prompt.Tally
+	model := e.template.rendering.Model
+	for _, o := range d.engines {
+		if slices.Contains(o.last.Models, model) {
+			y.Add(o.template.renders)
+		}
+	}
+	t := y.Winner()
+	if slices.Contains(fixed, t) {
+		return fixed
+	}
+	out := append(slices.Clone(fixed), t)
+	slices.Sort(out)
+	return out
+}
+
+// judge compares e's last rendering with the templates it must agree with
+// and moves the engine between precise and approximate indexing. With d.mu
+// held.
 func (d *Daemon) judge(ctx context.Context, e *engine) {
 	tc := &e.template
-	want := d.svc.GatewayTemplates(d.gatewayWindow)
+	fixed, auto := d.svc.GatewayTemplates(d.gatewayWindow)
+	want := d.targets(e, fixed, auto)
 	if len(want) == 0 {
 		// No gateway has said how it renders yet: nothing to compare.
 		return
@@ -155,12 +200,12 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 	for _, t := range want {
 		tc.agree = append(tc.agree, verify.Compare(tc.rendering, t))
 	}
-	agrees := tc.agrees()
+	agrees, disagrees := tc.agrees(), tc.disagrees()
 	switch {
-	case !agrees && !tc.mismatch:
+	case disagrees && !tc.mismatch:
 		like := "none of kvroute's templates"
-		if m := verify.Matching(tc.rendering); len(m) > 0 {
-			like = strings.Join(names(m), ", ")
+		if tc.renders != prompt.Plain {
+			like = tc.renders.String()
 		}
 		d.log.Warn("engine's chat template does not render prompts as the gateways do: routing it approximately, from the gateways' reports; set the gateways' chat_template to what the engine renders, or the engine's --chat-template",
 			"engine", e.d.Addr, "model", tc.rendering.Model, "gateways", names(want), "differences", agreements(tc.agree), "engine_renders_like", like)
@@ -168,10 +213,12 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 		if e.precise {
 			d.demote(e)
 		}
-	case agrees && tc.mismatch:
-		d.log.Info("engine's chat template agrees with the gateways' again: routing it precisely", "engine", e.d.Addr, "gateways", names(want))
+	case !disagrees && tc.mismatch:
+		d.log.Info("engine's chat template no longer disagrees with the gateways': routing it precisely", "engine", e.d.Addr, "gateways", names(want), "agreement", agreements(tc.agree))
 		tc.mismatch = false
 		d.promote(ctx, e)
+	case !agrees && !disagrees && first:
+		d.log.Info("engine renders none of the template-check probes (no chat template?): its chat prompts cannot be checked, and it stays precise", "engine", e.d.Addr, "model", tc.rendering.Model)
 	case agrees && (first || !wasAgreeing):
 		d.log.Info("engine's chat template agrees with the gateways'", "engine", e.d.Addr, "model", tc.rendering.Model, "agreement", agreements(tc.agree))
 	}

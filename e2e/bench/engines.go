@@ -16,8 +16,8 @@ import (
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 )
 
-// Model is the model the simulated engines serve; its name selects the
-// ChatML template, as the shipped envoy.yaml renders.
+// Model is the model the simulated engines serve. The simulator knows no
+// chat template for it; the benchmark client sends completions.
 const Model = "Qwen/Qwen3-32B"
 
 // EngineConfig is the simulated engines' shape for a run.

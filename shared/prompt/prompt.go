@@ -84,6 +84,31 @@ func ParseTemplate(name string) (Template, error) {
 	return 0, errors.New("prompt: unknown chat template " + strconv.Quote(name))
 }
 
+// Tally counts the templates endpoints render with, to choose one for
+// their model. The filter and cachesync both choose by it, so that
+// cachesync judges each engine against the template the filter will use.
+type Tally [len(templateNames)]int
+
+// Add counts one endpoint rendering with t; Plain (not known) counts for
+// nothing.
+func (y *Tally) Add(t Template) {
+	if t != Plain && int(t) < len(y) {
+		y[t]++
+	}
+}
+
+// Winner returns the template most endpoints render with, the first in
+// Templates order on a tie; Plain when none was counted.
+func (y *Tally) Winner() Template {
+	best := Plain
+	for t := range y {
+		if y[t] > y[best] {
+			best = Template(t)
+		}
+	}
+	return best
+}
+
 // Templates returns every template kvroute renders, Plain first.
 func Templates() []Template {
 	ts := make([]Template, len(templateNames))
@@ -92,6 +117,9 @@ func Templates() []Template {
 	}
 	return ts
 }
+
+// Known reports whether t is one of Templates.
+func (t Template) Known() bool { return int(t) < len(templateNames) }
 
 // String returns the template's configuration name.
 func (t Template) String() string {
@@ -157,6 +185,9 @@ type Renderer struct {
 	tmp   []byte // scratch: decoded payloads, arguments, comparisons
 	kv    []member
 	err   error
+	// model is the parsed body's model, once Model has decoded it.
+	model    string
+	hasModel bool
 }
 
 var pool = sync.Pool{New: func() any { return new(Renderer) }}
@@ -173,17 +204,34 @@ func Render(dst []byte, body []byte, t Template) (Prompt, error) {
 
 // Render appends the canonical text of body to dst[:0] using template t.
 func (r *Renderer) Render(dst []byte, body []byte, t Template) (Prompt, error) {
-	r.err = nil
-	if err := r.parse(body); err != nil {
+	if err := r.Parse(body); err != nil {
 		return Prompt{}, err
 	}
-	p := Prompt{Prompts: 1, MaxTokens: r.req.maxTokens}
+	return r.RenderParsed(dst, t)
+}
+
+// Parse reads body for RenderParsed, which may then render it under a
+// template chosen by its Model. body must stay unchanged until then.
+func (r *Renderer) Parse(body []byte) error {
+	r.err, r.model, r.hasModel = nil, "", false
+	return r.parse(body)
+}
+
+// Model returns the "model" of the body last parsed, "" when it has none.
+func (r *Renderer) Model() string {
+	if !r.hasModel && r.req.model.ok {
+		r.tmp = r.s.appendStr(r.tmp[:0], r.req.model)
+		r.model, r.hasModel = string(r.tmp), true
+	}
+	return r.model
+}
+
+// RenderParsed appends the canonical text of the body last parsed to dst[:0]
+// using template t.
+func (r *Renderer) RenderParsed(dst []byte, t Template) (Prompt, error) {
+	p := Prompt{Prompts: 1, MaxTokens: r.req.maxTokens, Model: r.Model()}
 	if r.req.maxCompletion > 0 {
 		p.MaxTokens = r.req.maxCompletion
-	}
-	if r.req.model.ok {
-		r.tmp = r.s.appendStr(r.tmp[:0], r.req.model)
-		p.Model = string(r.tmp)
 	}
 	if r.req.salt.ok {
 		r.tmp = r.s.appendStr(r.tmp[:0], r.req.salt)

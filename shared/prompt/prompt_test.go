@@ -443,3 +443,29 @@ func TestCacheSalt(t *testing.T) {
 		t.Error("an unterminated cache_salt accepted")
 	}
 }
+
+// TestParseThenRender: the filter on auto reads the model before it picks
+// the template; parsing once and rendering the parse must equal Render.
+func TestParseThenRender(t *testing.T) {
+	body := []byte(`{"messages":[{"role":"user","content":"hi"}],"model":"Qwen\/Qwen2.5-7B-Instruct","max_tokens":3}`)
+	var r Renderer
+	if err := r.Parse(body); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Model(); got != "Qwen/Qwen2.5-7B-Instruct" {
+		t.Fatalf("Model = %q", got)
+	}
+	for _, tmpl := range Templates() {
+		got, err := r.RenderParsed(nil, tmpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := Render(nil, body, tmpl)
+		if string(got.Text) != string(want.Text) || got.Model != want.Model || got.MaxTokens != 3 {
+			t.Errorf("%v: RenderParsed %q (%q), Render %q", tmpl, got.Text, got.Model, want.Text)
+		}
+	}
+	if err := r.Parse([]byte(`{"prompt":"x"}`)); err != nil || r.Model() != "" {
+		t.Errorf("a body without a model: %v, model %q", err, r.Model())
+	}
+}

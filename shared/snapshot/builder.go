@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/shared/predict"
+	"github.com/kvroute/kvroute/shared/prompt"
 )
 
 // DefaultShardBits gives 256 shards; see "Shard count" in the package
@@ -38,6 +39,9 @@ type EndpointInfo struct {
 	Models   []string // base model names served
 	Adapters []string // LoRA adapters loaded, requested by name like models
 	Health   Health
+	// Template is the chat template the engine was found to render with
+	// (cachesync's check); prompt.Plain when not known.
+	Template prompt.Template
 
 	Running       int     // requests being processed (vllm:num_requests_running)
 	Waiting       int     // requests queued (vllm:num_requests_waiting)
@@ -72,6 +76,9 @@ func (e *EndpointInfo) validate() error {
 	}
 	if e.Health > HealthUnhealthy {
 		return errors.New("snapshot: endpoint " + e.Addr + ": unknown health")
+	}
+	if !e.Template.Known() {
+		return errors.New("snapshot: endpoint " + e.Addr + ": unknown chat template")
 	}
 	if !e.Model.Valid() {
 		return errors.New("snapshot: endpoint " + e.Addr + ": latency model has a negative or non-finite coefficient")

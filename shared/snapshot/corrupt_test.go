@@ -324,6 +324,7 @@ func TestSetEndpointValidation(t *testing.T) {
 		{"NaN KV usage", EndpointInfo{Addr: "a:1", KVCacheUsage: math.NaN()}},
 		{"rate", EndpointInfo{Addr: "a:1", PrefillRate: math.Inf(1)}},
 		{"health", EndpointInfo{Addr: "a:1", Health: 7}},
+		{"template", EndpointInfo{Addr: "a:1", Template: 200}},
 	}
 	b := newBuilder(t, BuilderConfig{}, 0)
 	for _, tc := range cases {

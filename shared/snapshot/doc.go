@@ -27,7 +27,7 @@
 //
 //	off  size  field
 //	0    4     magic "KVRS"
-//	4    2     format version, 2
+//	4    2     format version, 3
 //	6    1     kind: 1 manifest, 2 shard, 3 delta
 //	7    1     reserved, 0
 //	8    8     generation at which the part was written
@@ -89,7 +89,9 @@
 //	14   2     name count
 //	16   4     index of its first name id
 //	20   1     health: 0 unknown, 1 healthy, 2 draining, 3 unhealthy
-//	21   3     reserved, 0
+//	21   1     the chat template its engine renders with, a prompt.Template;
+//	           0 (plain) when not known
+//	22   2     reserved, 0
 //	24   4     running requests
 //	28   4     waiting requests
 //	32   4     in-flight prefill tokens
@@ -110,7 +112,7 @@
 // A bundle, the body of the HTTP response a fetcher gets from cachesync:
 //
 //	0    4     magic "KVRB"
-//	4    2     format version, 2
+//	4    2     format version, 3
 //	6    2     reserved, 0
 //	8    8     generation
 //	16   8     since: the generation it brings a fetcher up from; 0 for full

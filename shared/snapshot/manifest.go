@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/shared/predict"
+	"github.com/kvroute/kvroute/shared/prompt"
 )
 
 const (
@@ -162,7 +163,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 	r := e.r
 	addrOff, addrLen := uint64(le.Uint32(r[8:])), uint64(le.Uint16(r[12:]))
 	names, idOff := uint64(le.Uint16(r[14:])), uint64(le.Uint32(r[16:]))
-	if r[21]|r[22]|r[23]|r[36]|r[37]|r[38]|r[39] != 0 || le.Uint64(r[88:]) != 0 {
+	if r[22]|r[23]|r[36]|r[37]|r[38]|r[39] != 0 || le.Uint64(r[88:]) != 0 || !prompt.Template(r[21]).Known() {
 		return false
 	}
 	if addrLen == 0 { // vacant: nothing else may be set
@@ -182,6 +183,23 @@ func (e Endpoint) valid(m *Manifest) bool {
 		idOff+names <= uint64(len(m.ids)/2) &&
 		Health(r[20]) <= HealthUnhealthy &&
 		kv >= 0 && kv <= 1 && rate >= 0 && rate <= math.MaxFloat32
+}
+
+// Template returns the chat template the endpoint's engine was found to
+// render with; prompt.Plain when not known.
+func (e Endpoint) Template() prompt.Template { return prompt.Template(e.r[21]) }
+
+// ModelTemplate returns the chat template to render requests for model id
+// (Model) with: the one most endpoints serving it render with
+// (prompt.Tally), prompt.Plain when none is known.
+func (m *Manifest) ModelTemplate(id int) prompt.Template {
+	var y prompt.Tally
+	for i := 0; i < m.n; i++ {
+		if e := m.Endpoint(i); e.Serves(id) {
+			y.Add(e.Template())
+		}
+	}
+	return y.Winner()
 }
 
 // IndexBlocks returns the text blocks the index holds for the endpoint, in
@@ -329,6 +347,7 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 			le.PutUint16(r[14:], uint16(len(e.info.Models)+len(e.info.Adapters)))
 			le.PutUint32(r[16:], uint32(idOff[i]))
 			r[20] = byte(e.info.Health)
+			r[21] = byte(e.info.Template)
 			le.PutUint32(r[24:], uint32(e.info.Running))
 			le.PutUint32(r[28:], uint32(e.info.Waiting))
 			le.PutUint32(r[32:], uint32(e.info.PrefillTokens))

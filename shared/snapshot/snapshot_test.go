@@ -5,9 +5,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/kvroute/kvroute/shared/predict"
+	"github.com/kvroute/kvroute/shared/prompt"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -307,5 +309,42 @@ func TestEndpointLoadTerms(t *testing.T) {
 	bad.ITLCoef[0] = -1
 	if _, err := b.SetEndpoint(EndpointInfo{Addr: "10.0.0.3:8000", Model: bad}); err == nil {
 		t.Error("a model with a negative coefficient was taken")
+	}
+}
+
+// TestModelTemplate: each endpoint's template is published, and a model's
+// template is the one most of its endpoints render with, unknown ones not
+// counting.
+func TestModelTemplate(t *testing.T) {
+	b := newBuilder(t, BuilderConfig{ShardBits: 1}, 0)
+	for i, e := range []struct {
+		model string
+		tmpl  prompt.Template
+	}{
+		{"qwen", prompt.ChatML}, {"qwen", prompt.ChatML}, {"qwen", prompt.Llama3}, {"qwen", prompt.Plain},
+		{"llama", prompt.Llama3}, {"gemma", prompt.Plain}, {"tie", prompt.Gemma}, {"tie", prompt.Mistral},
+	} {
+		addr := "10.0.0." + strconv.Itoa(i) + ":8000"
+		if _, err := b.SetEndpoint(EndpointInfo{Addr: addr, Models: []string{e.model}, Template: e.tmpl}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := ParseManifest(b.Build(epoch).manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Endpoint(2).Template(); got != prompt.Llama3 {
+		t.Errorf("endpoint 2 renders with %v, want llama3", got)
+	}
+	for _, c := range []struct {
+		model string
+		want  prompt.Template
+	}{{"qwen", prompt.ChatML}, {"llama", prompt.Llama3}, {"gemma", prompt.Plain}, {"tie", prompt.Mistral}} {
+		if got := m.ModelTemplate(m.Model(c.model)); got != c.want {
+			t.Errorf("ModelTemplate(%s) = %v, want %v", c.model, got, c.want)
+		}
+	}
+	if got := m.ModelTemplate(-1); got != prompt.Plain {
+		t.Errorf("ModelTemplate of an unknown model = %v, want plain", got)
 	}
 }

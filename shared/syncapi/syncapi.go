@@ -37,6 +37,10 @@ const SinceParam = "since"
 // (a precise index is only as good as the gateway's render of the prompt).
 const TemplateParam = "template"
 
+// AutoTemplate is the TemplateParam of a gateway that renders each model's
+// requests with the template the snapshot names for the model.
+const AutoTemplate = "auto"
+
 // ContentType is the media type of snapshot bundles and report batches.
 const ContentType = "application/octet-stream"
 

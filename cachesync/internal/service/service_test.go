@@ -605,13 +605,19 @@ func TestGatewayTemplates(t *testing.T) {
 		{"/v1/snapshot?since=0&template=no-such-template", []string{"Authorization", "Bearer tok"}}, // unknown
 		{"/v1/snapshot?since=0&template=chatml", []string{"Authorization", "Bearer tok"}},
 		{"/v1/snapshot?since=0&template=chatml", []string{"Authorization", "Bearer tok"}},
+		{"/v1/snapshot?since=0&template=auto", nil}, // refused: no token
 	} {
 		f.do(t, "GET", q.path, nil, q.auth...)
 	}
-	if got, want := f.srv.GatewayTemplates(time.Minute), []prompt.Template{prompt.ChatML, prompt.Llama3}; !slices.Equal(got, want) {
-		t.Errorf("GatewayTemplates = %v, want %v", got, want)
+	got, auto := f.srv.GatewayTemplates(time.Minute)
+	if want := []prompt.Template{prompt.ChatML, prompt.Llama3}; !slices.Equal(got, want) || auto {
+		t.Errorf("GatewayTemplates = %v, %v; want %v, false", got, auto, want)
 	}
-	if got := f.srv.GatewayTemplates(0); len(got) != 0 {
-		t.Errorf("GatewayTemplates(0) = %v, want none", got)
+	f.do(t, "GET", "/v1/snapshot?since=0&template=auto", nil, "Authorization", "Bearer tok")
+	if _, auto := f.srv.GatewayTemplates(time.Minute); !auto {
+		t.Error("a gateway named auto, GatewayTemplates says none did")
+	}
+	if got, auto := f.srv.GatewayTemplates(0); len(got) != 0 || auto {
+		t.Errorf("GatewayTemplates(0) = %v, %v; want none", got, auto)
 	}
 }

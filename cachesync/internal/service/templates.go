@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/syncapi"
 )
 
 // gatewayTemplates remembers the chat templates gateways render with: each
@@ -15,15 +16,20 @@ import (
 type gatewayTemplates struct {
 	mu   sync.Mutex
 	seen map[prompt.Template]time.Time
+	auto time.Time // when a gateway last named syncapi.AutoTemplate
 }
 
 func (g *gatewayTemplates) saw(name string, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if name == syncapi.AutoTemplate {
+		g.auto = now
+		return
+	}
 	t, err := prompt.ParseTemplate(name)
 	if err != nil {
 		return
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.seen == nil {
 		g.seen = make(map[prompt.Template]time.Time)
 	}
@@ -31,17 +37,17 @@ func (g *gatewayTemplates) saw(name string, now time.Time) {
 }
 
 // GatewayTemplates returns, in order, the chat templates gateways named in
-// authorised snapshot requests within the last window.
-func (s *Server) GatewayTemplates(window time.Duration) []prompt.Template {
+// authorised snapshot requests within the last window, and whether some
+// gateway named syncapi.AutoTemplate in it.
+func (s *Server) GatewayTemplates(window time.Duration) (fixed []prompt.Template, auto bool) {
 	g := &s.templates
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	var out []prompt.Template
 	for t, at := range g.seen {
 		if time.Since(at) <= window {
-			out = append(out, t)
+			fixed = append(fixed, t)
 		}
 	}
-	slices.Sort(out)
-	return out
+	slices.Sort(fixed)
+	return fixed, !g.auto.IsZero() && time.Since(g.auto) <= window
 }

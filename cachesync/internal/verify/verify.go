@@ -156,6 +156,11 @@ type Agreement struct {
 // least one was.
 func (a Agreement) Agrees() bool { return a.Compared > 0 && a.Exact == a.Compared }
 
+// Disagrees reports whether some probe both sides rendered differs. An
+// engine that refused every probe (one with no chat template, serving
+// completions) neither agrees nor disagrees.
+func (a Agreement) Disagrees() bool { return a.Exact < a.Compared }
+
 // String describes the agreement for a log line.
 func (a Agreement) String() string {
 	switch {
