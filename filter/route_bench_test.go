@@ -48,6 +48,22 @@ func BenchmarkRoute(b *testing.B) {
 				}
 			}
 		})
+		// chat_template auto: the model read from the parse, its template
+		// counted over the snapshot's endpoints.
+		auto := cfg
+		auto.template, auto.autoTemplate = prompt.Plain, true
+		ra, err := newRouter(auto, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("route-auto/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if d := ra.route(body, view, locals, routeOptions{modelAgnostic: true}); d.outcome != routed || d.template != prompt.ChatML {
+					b.Fatal(d.outcome, d.template)
+				}
+			}
+		})
 		b.Run("render/"+name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			var rd prompt.Renderer
@@ -102,7 +118,7 @@ func benchView(b *testing.B, eps []string, hashes []uint64) *snapshot.View {
 		b.Fatal(err)
 	}
 	for _, e := range eps {
-		if _, err := bl.SetEndpoint(snapshot.EndpointInfo{Addr: e, Health: snapshot.HealthHealthy}); err != nil {
+		if _, err := bl.SetEndpoint(snapshot.EndpointInfo{Addr: e, Models: []string{"qwen"}, Health: snapshot.HealthHealthy, Template: prompt.ChatML}); err != nil {
 			b.Fatal(err)
 		}
 	}
