@@ -32,7 +32,7 @@ type Config struct {
 
 	// Model is the served model name (vLLM --served-model-name, or --model).
 	Model string
-	// ChatTemplate names an embedded template (chatml, llama3, mistral,
+	// ChatTemplate names an embedded template (chatml, llama3, mistral, qwen3,
 	// gemma) or is a Jinja source to use as is. Empty: chosen from Model.
 	ChatTemplate string
 	// LoRAModules are adapters listed by /v1/models and accepted as "model".

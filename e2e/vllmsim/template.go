@@ -30,12 +30,14 @@ var families = map[string]family{
 	"llama3":  {bos: "<|begin_of_text|>", eos: "<|eot_id|>", addBOS: true},
 	"mistral": {bos: "<s>", eos: "</s>", addBOS: true},
 	"gemma":   {bos: "<bos>", eos: "<eos>", addBOS: true},
+	"qwen3":   {bos: "", eos: "<|im_end|>"},
 }
 
 // models maps served model names, by lower-case prefix, to the family
 // whose template they ship.
 var models = []struct{ prefix, family string }{
 	{"qwen/qwen2.5-", "chatml"},
+	{"qwen/qwen3-", "qwen3"}, // the hybrid thinking models (not -Coder, -2507)
 	{"meta-llama/llama-3.1-", "llama3"},
 	{"meta-llama/llama-3.3-", "llama3"},
 	{"meta-llama/meta-llama-3.1-", "llama3"},
@@ -82,7 +84,7 @@ func newChatTemplate(spec, model string) (*chatTemplate, error) {
 		src = fam
 	case !strings.Contains(spec, "{"):
 		if _, ok := families[spec]; !ok {
-			return nil, fmt.Errorf("vllmsim: unknown chat template %q (want chatml, llama3, mistral, gemma or Jinja source)", spec)
+			return nil, fmt.Errorf("vllmsim: unknown chat template %q (want chatml, llama3, mistral, gemma, qwen3 or Jinja source)", spec)
 		}
 	}
 	if _, ok := families[src]; ok {

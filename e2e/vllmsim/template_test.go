@@ -35,7 +35,7 @@ func TestTemplatesMatchJinja2(t *testing.T) {
 		agp                           bool
 	}
 	var cases []tcase
-	for _, fam := range []string{"chatml", "llama3", "mistral", "gemma"} {
+	for _, fam := range []string{"chatml", "llama3", "mistral", "gemma", "qwen3"} {
 		for name, msgs := range conversations {
 			cases = append(cases, tcase{fam + "/" + name, fam, msgs, "", true})
 			cases = append(cases, tcase{fam + "/" + name + "/no generation prompt", fam, msgs, "", false})
@@ -222,7 +222,7 @@ func TestRequestsMatchReference(t *testing.T) {
 					t.Fatal(err)
 				}
 				agp := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-				got, err := tpl.render(chatRender{messages: req.Messages, tools: req.Tools, addGenerationPrompt: agp})
+				got, err := tpl.render(chatRender{messages: req.Messages, tools: req.Tools, addGenerationPrompt: agp, kwargs: req.ChatTemplateKwargs})
 				switch {
 				case want.Text == nil:
 					if err == nil {

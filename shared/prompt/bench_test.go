@@ -49,11 +49,14 @@ func benchmarkRender(b *testing.B, t Template, escaped bool) {
 	}
 }
 
-func BenchmarkRenderAppendChatML512KiB(b *testing.B)        { benchmarkRender(b, ChatML, false) }
-func BenchmarkRenderAppendChatML512KiBEscaped(b *testing.B) { benchmarkRender(b, ChatML, true) }
-func BenchmarkRenderAppendLlama3512KiB(b *testing.B)        { benchmarkRender(b, Llama3, false) }
-func BenchmarkRenderAppendLlama3512KiBEscaped(b *testing.B) { benchmarkRender(b, Llama3, true) }
-func BenchmarkRenderAppendGemma512KiBEscaped(b *testing.B)  { benchmarkRender(b, Gemma, true) }
+func BenchmarkRenderAppendChatML512KiB(b *testing.B)         { benchmarkRender(b, ChatML, false) }
+func BenchmarkRenderAppendChatML512KiBEscaped(b *testing.B)  { benchmarkRender(b, ChatML, true) }
+func BenchmarkRenderAppendLlama3512KiB(b *testing.B)         { benchmarkRender(b, Llama3, false) }
+func BenchmarkRenderAppendLlama3512KiBEscaped(b *testing.B)  { benchmarkRender(b, Llama3, true) }
+func BenchmarkRenderAppendGemma512KiBEscaped(b *testing.B)   { benchmarkRender(b, Gemma, true) }
+func BenchmarkRenderAppendMistral512KiBEscaped(b *testing.B) { benchmarkRender(b, Mistral, true) }
+func BenchmarkRenderAppendQwen3512KiB(b *testing.B)          { benchmarkRender(b, Qwen3, false) }
+func BenchmarkRenderAppendQwen3512KiBEscaped(b *testing.B)   { benchmarkRender(b, Qwen3, true) }
 
 // BenchmarkRender512KiB is Render alone, through the package-level pool.
 func BenchmarkRender512KiB(b *testing.B) {
@@ -107,7 +110,7 @@ func TestRenderDoesNotAllocate(t *testing.T) {
 		}
 	}
 	for name, body := range bodies {
-		for _, tmpl := range []Template{ChatML, Llama3, Mistral, Gemma, Plain} {
+		for _, tmpl := range Templates() {
 			var r Renderer
 			text := make([]byte, 0, 2*len(body))
 			if _, err := r.Render(text, body, tmpl); err != nil { // warm the scratch space

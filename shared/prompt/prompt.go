@@ -26,7 +26,8 @@
 //   - name is kept only when a string, tool_call_id only on tool messages,
 //     tool_calls only on assistant messages.
 //
-// A request's "add_generation_prompt": false is honoured; other
+// A request's "add_generation_prompt": false is honoured, and so is
+// chat_template_kwargs.enable_thinking: false (Qwen3); other
 // chat_template_kwargs and continue_final_message are not. Python keeps the
 // last of duplicate keys inside tool JSON; Render prints them all. Either
 // only costs a cache hit, never a wrong answer.
@@ -70,9 +71,14 @@ const (
 	Mistral
 	// Gemma is the Gemma 3 -it template.
 	Gemma
+	// Qwen3 is Qwen3's template (the hybrid thinking models): ChatML with
+	// <think> blocks, honouring chat_template_kwargs.enable_thinking.
+	Qwen3
 )
 
-var templateNames = [...]string{Plain: "plain", ChatML: "chatml", Llama3: "llama3", Mistral: "mistral", Gemma: "gemma"}
+// templateNames are in the order of the constants, whose values the
+// snapshot carries: new templates go at the end.
+var templateNames = [...]string{Plain: "plain", ChatML: "chatml", Llama3: "llama3", Mistral: "mistral", Gemma: "gemma", Qwen3: "qwen3"}
 
 // ParseTemplate returns the template with the given configuration name.
 func ParseTemplate(name string) (Template, error) {
@@ -183,8 +189,11 @@ type Renderer struct {
 	msgs  []message
 	parts []part
 	tmp   []byte // scratch: decoded payloads, arguments, comparisons
-	kv    []member
-	err   error
+	// scratch holds a message's content while a template inspects it
+	// (tmp is taken by the arguments printed meanwhile).
+	scratch []byte
+	kv      []member
+	err     error
 	// model is the parsed body's model, once Model has decoded it.
 	model    string
 	hasModel bool
@@ -267,6 +276,8 @@ func (r *Renderer) chat(dst []byte, t Template) ([]byte, error) {
 		return r.mistral(dst)
 	case Gemma:
 		return r.gemma(dst)
+	case Qwen3:
+		return r.qwen3(dst)
 	case Plain:
 		return r.plain(dst)
 	}

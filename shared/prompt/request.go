@@ -58,7 +58,10 @@ type request struct {
 	messages bool // messages present (an array)
 	tools    raw  // tools: present only when not null
 	noGen    bool // add_generation_prompt: false
-	prompt   raw  // completions prompt
+	// noThinking: chat_template_kwargs.enable_thinking is false (Jinja's
+	// "is false": the boolean only).
+	noThinking bool
+	prompt     raw // completions prompt
 	// max_tokens and max_completion_tokens, when positive integers
 	maxTokens, maxCompletion int
 	salt                     str // cache_salt, when a string
@@ -100,6 +103,17 @@ func (r *Renderer) parse(body []byte) error {
 			r.req.prompt = r.rawValue(1)
 		case s.equalStr(key, "tools"):
 			r.req.tools = r.valueAt(s, 1)
+		case s.equalStr(key, "chat_template_kwargs"):
+			if s.ws() != '{' {
+				return s.skip(1)
+			}
+			return s.object(1, func(key str) error {
+				if s.equalStr(key, "enable_thinking") {
+					c := s.ws()
+					r.req.noThinking = c == 'f'
+				}
+				return s.skip(2)
+			})
 		case s.equalStr(key, "add_generation_prompt"):
 			r.req.noGen = s.ws() == 'f'
 			return s.skip(1)

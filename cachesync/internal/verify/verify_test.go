@@ -56,6 +56,7 @@ func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
 		{"meta-llama/Llama-3.1-8B-Instruct", prompt.Llama3},
 		{"mistralai/Mistral-Nemo-Instruct-2407", prompt.Mistral},
 		{"google/gemma-3-4b-it", prompt.Gemma},
+		{"Qwen/Qwen3-32B", prompt.Qwen3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want.String(), func(t *testing.T) {

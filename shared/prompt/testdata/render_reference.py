@@ -36,6 +36,7 @@ FAMILIES = {
     "llama3": ("llama3.jinja", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, "string"),
     "mistral": ("mistral.jinja", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, "string"),
     "gemma": ("gemma.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}, "openai"),
+    "qwen3": ("qwen3.jinja", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, "string"),
 }
 
 MEDIA = ["image_url", "input_audio", "audio_url", "video_url", "image", "audio", "video",
@@ -141,8 +142,10 @@ def render(env, family, raw):
         template = env.from_string(f.read())
     body = json.loads(raw)
     try:
+        # vLLM passes chat_template_kwargs to the template as variables.
+        kwargs = dict(body.get("chat_template_kwargs") or {})
         text = template.render(messages=conversation(body, fmt), tools=tools_of(body), documents=None,
-                               add_generation_prompt=body.get("add_generation_prompt", True), **special)
+                               add_generation_prompt=body.get("add_generation_prompt", True), **special, **kwargs)
     except Exception as e:  # the engine answers these with an error
         return {"error": "%s: %s" % (type(e).__name__, e)}
     return {"text": text}
@@ -246,6 +249,24 @@ CASES = {
         {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}),
     "alternation_broken": j({"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}),
     "long": long_body(),
+    # Qwen3's thinking: earlier turns lose their reasoning, later ones keep
+    # it, enable_thinking false closes an empty block; a multi-step tool
+    # exchange whose last user turn is a wrapped tool response.
+    "thinking_history": j({"model": "m", "messages": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"},
+        {"role": "user", "content": "and 3+3?"},
+        {"role": "assistant", "content": "<think>\n\nAdd again.\n\n</think>\n\n\n6 </think> done"}]}),
+    "thinking_off": j({"model": "m", "chat_template_kwargs": {"enable_thinking": False}, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}),
+    "thinking_on": j({"model": "m", "chat_template_kwargs": {"enable_thinking": True, "other": [1]}, "messages": [
+        {"role": "user", "content": "Hi"}]}),
+    "tool_response_user": j({"model": "m", "tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "<think>need the tool</think>Let me check.", "tool_calls": [
+            {"id": "call_AAAAA", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+        {"role": "user", "content": "<tool_response>\n-3C\n</tool_response>"},
+        {"role": "assistant", "content": "<think>cold</think>\nIt is -3C."}]}),
 }
 
 
