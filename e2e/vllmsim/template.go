@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -26,11 +27,12 @@ type family struct {
 }
 
 var families = map[string]family{
-	"chatml":  {bos: "", eos: "<|im_end|>"},
-	"llama3":  {bos: "<|begin_of_text|>", eos: "<|eot_id|>", addBOS: true},
-	"mistral": {bos: "<s>", eos: "</s>", addBOS: true},
-	"gemma":   {bos: "<bos>", eos: "<eos>", addBOS: true},
-	"qwen3":   {bos: "", eos: "<|im_end|>"},
+	"chatml":   {bos: "", eos: "<|im_end|>"},
+	"llama3":   {bos: "<|begin_of_text|>", eos: "<|eot_id|>", addBOS: true},
+	"mistral":  {bos: "<s>", eos: "</s>", addBOS: true},
+	"gemma":    {bos: "<bos>", eos: "<eos>", addBOS: true},
+	"qwen3":    {bos: "", eos: "<|im_end|>"},
+	"llama3.2": {bos: "<|begin_of_text|>", eos: "<|eot_id|>", addBOS: true},
 }
 
 // models maps served model names, by lower-case prefix, to the family
@@ -40,6 +42,7 @@ var models = []struct{ prefix, family string }{
 	{"qwen/qwen3-", "qwen3"}, // the hybrid thinking models (not -Coder, -2507)
 	{"meta-llama/llama-3.1-", "llama3"},
 	{"meta-llama/llama-3.3-", "llama3"},
+	{"meta-llama/llama-3.2-", "llama3.2"},
 	{"meta-llama/meta-llama-3.1-", "llama3"},
 	{"mistralai/mistral-nemo-instruct-2407", "mistral"},
 	{"google/gemma-3-", "gemma"},
@@ -84,7 +87,7 @@ func newChatTemplate(spec, model string) (*chatTemplate, error) {
 		src = fam
 	case !strings.Contains(spec, "{"):
 		if _, ok := families[spec]; !ok {
-			return nil, fmt.Errorf("vllmsim: unknown chat template %q (want chatml, llama3, mistral, gemma, qwen3 or Jinja source)", spec)
+			return nil, fmt.Errorf("vllmsim: unknown chat template %q (want chatml, llama3, llama3.2, mistral, gemma, qwen3 or Jinja source)", spec)
 		}
 	}
 	if _, ok := families[src]; ok {
@@ -109,6 +112,8 @@ type chatRender struct {
 	addGenerationPrompt bool
 	continueFinal       bool
 	kwargs              json.RawMessage // chat_template_kwargs
+	// now is the clock strftime_now reads; zero means time.Now.
+	now time.Time
 }
 
 // render returns the prompt text of a chat request, or an error that
@@ -131,6 +136,7 @@ func (c *chatTemplate) render(in chatRender) (text string, err error) {
 		"bos_token":             jinja.NewString(c.fam.bos),
 		"eos_token":             jinja.NewString(c.fam.eos),
 		pyFilter:                pyToJSON,
+		"strftime_now":          strftimeNow(in.now),
 	}
 	if len(in.tools) > 0 && !bytes.Equal(bytes.TrimSpace(in.tools), []byte("null")) {
 		tools, err := jsonValue(in.tools)

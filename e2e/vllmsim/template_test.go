@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -35,7 +36,7 @@ func TestTemplatesMatchJinja2(t *testing.T) {
 		agp                           bool
 	}
 	var cases []tcase
-	for _, fam := range []string{"chatml", "llama3", "mistral", "gemma", "qwen3"} {
+	for _, fam := range []string{"chatml", "llama3", "llama3.2", "mistral", "gemma", "qwen3"} {
 		for name, msgs := range conversations {
 			cases = append(cases, tcase{fam + "/" + name, fam, msgs, "", true})
 			cases = append(cases, tcase{fam + "/" + name + "/no generation prompt", fam, msgs, "", false})
@@ -190,6 +191,7 @@ func TestRequestsMatchReference(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ref struct {
+		Now   time.Time
 		Cases []struct {
 			Name string
 			Body string
@@ -222,7 +224,7 @@ func TestRequestsMatchReference(t *testing.T) {
 					t.Fatal(err)
 				}
 				agp := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-				got, err := tpl.render(chatRender{messages: req.Messages, tools: req.Tools, addGenerationPrompt: agp, kwargs: req.ChatTemplateKwargs})
+				got, err := tpl.render(chatRender{messages: req.Messages, tools: req.Tools, addGenerationPrompt: agp, kwargs: req.ChatTemplateKwargs, now: ref.Now})
 				switch {
 				case want.Text == nil:
 					if err == nil {

@@ -43,6 +43,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/kvroute/kvroute/shared/errdetail"
 )
@@ -74,11 +75,14 @@ const (
 	// Qwen3 is Qwen3's template (the hybrid thinking models): ChatML with
 	// <think> blocks, honouring chat_template_kwargs.enable_thinking.
 	Qwen3
+	// Llama32 is the Llama 3.2 Instruct template: Llama3's, with today's
+	// date (Renderer.Now, in UTC) where Llama3 prints 26 Jul 2024.
+	Llama32
 )
 
 // templateNames are in the order of the constants, whose values the
 // snapshot carries: new templates go at the end.
-var templateNames = [...]string{Plain: "plain", ChatML: "chatml", Llama3: "llama3", Mistral: "mistral", Gemma: "gemma", Qwen3: "qwen3"}
+var templateNames = [...]string{Plain: "plain", ChatML: "chatml", Llama3: "llama3", Mistral: "mistral", Gemma: "gemma", Qwen3: "qwen3", Llama32: "llama3.2"}
 
 // ParseTemplate returns the template with the given configuration name.
 func ParseTemplate(name string) (Template, error) {
@@ -138,7 +142,7 @@ func (t Template) String() string {
 // bos is the string a family's tokenizer adds before a text prompt.
 func (t Template) bos() string {
 	switch t {
-	case Llama3:
+	case Llama3, Llama32:
 		return "<|begin_of_text|>"
 	case Mistral:
 		return "<s>"
@@ -184,6 +188,12 @@ func rejected(detail string) error  { return errdetail.New(ErrTemplate, detail) 
 // A Renderer renders request bodies, reusing its scratch space from one call
 // to the next. It is not safe for concurrent use.
 type Renderer struct {
+	// Now is the clock of templates that print today's date (Llama32);
+	// nil means time.Now. The date is the UTC one: engines print their
+	// process's local date, and an engine's container runs in UTC unless
+	// its TZ says otherwise.
+	Now func() time.Time
+
 	s     scanner
 	req   request
 	msgs  []message
@@ -271,7 +281,9 @@ func (r *Renderer) chat(dst []byte, t Template) ([]byte, error) {
 	case ChatML:
 		return r.chatml(dst)
 	case Llama3:
-		return r.llama3(dst)
+		return r.llama3(dst, false)
+	case Llama32:
+		return r.llama3(dst, true)
 	case Mistral:
 		return r.mistral(dst)
 	case Gemma:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"time"
 	"testing"
 	"unicode/utf8"
 
@@ -467,5 +468,34 @@ func TestParseThenRender(t *testing.T) {
 	}
 	if err := r.Parse([]byte(`{"prompt":"x"}`)); err != nil || r.Model() != "" {
 		t.Errorf("a body without a model: %v, model %q", err, r.Model())
+	}
+}
+
+// TestTodayDate: Llama 3.2's date is the UTC day of the clock, as an engine
+// in a container without TZ prints it, and it turns at UTC midnight.
+func TestTodayDate(t *testing.T) {
+	body := []byte(`{"messages":[{"role":"user","content":"hi"}]}`)
+	tests := []struct {
+		at   time.Time
+		want string
+	}{
+		{time.Date(2026, 12, 31, 23, 59, 59, 999999999, time.UTC), "Today Date: 31 Dec 2026\n"},
+		{time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC), "Today Date: 01 Jan 2027\n"},
+		// 20:00 in New York on 31 Dec is 01:00 UTC on 1 Jan.
+		{time.Date(2026, 12, 31, 20, 0, 0, 0, time.FixedZone("EST", -5*3600)), "Today Date: 01 Jan 2027\n"},
+		{time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC), "Today Date: 09 Mar 2026\n"},
+	}
+	for _, tt := range tests {
+		r := Renderer{Now: func() time.Time { return tt.at }}
+		p, err := r.Render(nil, body, Llama32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(p.Text), tt.want) {
+			t.Errorf("at %v: %q lacks %q", tt.at, p.Text, tt.want)
+		}
+		if p31, _ := r.Render(nil, body, Llama3); !strings.Contains(string(p31.Text), "Today Date: 26 Jul 2024\n") {
+			t.Errorf("llama3 (3.1) prints a date of its own: %q", p31.Text)
+		}
 	}
 }

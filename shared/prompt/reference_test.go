@@ -6,12 +6,15 @@ import (
 	"errors"
 	"os"
 	"testing"
+	"time"
 )
 
 // reference is testdata/reference.json: request bodies and what the real
 // chat templates (e2e/vllmsim/templates) render for them under real Jinja2,
 // written by testdata/render_reference.py.
 type reference struct {
+	// Now is the clock strftime_now read.
+	Now   time.Time
 	Cases []struct {
 		Name string
 		Body string
@@ -39,14 +42,16 @@ func loadReference(t testing.TB) reference {
 }
 
 func TestRenderMatchesJinja(t *testing.T) {
-	for _, c := range loadReference(t).Cases {
+	ref := loadReference(t)
+	for _, c := range ref.Cases {
 		for family, want := range c.Want {
 			t.Run(c.Name+"/"+family, func(t *testing.T) {
 				tmpl, err := ParseTemplate(family)
 				if err != nil {
 					t.Fatal(err)
 				}
-				p, err := Render(nil, []byte(c.Body), tmpl)
+				r := Renderer{Now: func() time.Time { return ref.Now }}
+				p, err := r.Render(nil, []byte(c.Body), tmpl)
 				if want.Text == nil {
 					if !errors.Is(err, ErrTemplate) && !errors.Is(err, ErrMalformed) {
 						t.Fatalf("Render = %q, %v; Jinja raised %s", p.Text, err, want.Error)
@@ -82,7 +87,7 @@ func TestRenderIgnoresLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 		indented := buf.Bytes()
-		for _, tmpl := range []Template{ChatML, Llama3, Mistral, Gemma, Plain} {
+		for _, tmpl := range Templates() {
 			a, errA := Render(nil, []byte(c.Body), tmpl)
 			b, errB := Render(nil, indented, tmpl)
 			if (errA == nil) != (errB == nil) || string(a.Text) != string(b.Text) {

@@ -1,6 +1,10 @@
 package prompt
 
-import "unicode/utf8"
+import (
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
 
 // This file holds one renderer per template family. Each follows its
 // template in e2e/vllmsim/templates statement by statement; the comments
@@ -173,14 +177,22 @@ func (r *Renderer) chatml(dst []byte) ([]byte, error) {
 }
 
 // llama3 renders the Llama 3.1/3.3 Instruct template, with its defaults:
-// tools in the first user message and "Today Date: 26 Jul 2024".
-func (r *Renderer) llama3(dst []byte) ([]byte, error) {
+// tools in the first user message and "Today Date: 26 Jul 2024"; with
+// today, the Llama 3.2 template, which prints strftime_now("%d %b %Y")
+// there instead.
+func (r *Renderer) llama3(dst []byte, today bool) ([]byte, error) {
 	msgs := r.msgs
 	dst = append(dst, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"...)
 	if r.toolsSet() {
 		dst = append(dst, "Environment: ipython\n"...)
 	}
-	dst = append(dst, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"...)
+	dst = append(dst, "Cutting Knowledge Date: December 2023\nToday Date: "...)
+	if today {
+		dst = appendDate(dst, r.now())
+	} else {
+		dst = append(dst, "26 Jul 2024"...)
+	}
+	dst = append(dst, "\n\n"...)
 	if msgs[0].role == roleSystem {
 		dst = r.trimmed(dst, &msgs[0])
 		msgs = msgs[1:]
@@ -550,4 +562,23 @@ func (r *Renderer) plain(dst []byte) ([]byte, error) {
 		}
 	}
 	return dst, nil
+}
+
+func (r *Renderer) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+var monthAbbr = [...]string{"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"}
+
+// appendDate appends t's UTC date as strftime("%d %b %Y") prints it in the
+// C locale: "01 Dec 2026".
+func appendDate(dst []byte, t time.Time) []byte {
+	y, m, d := t.UTC().Date()
+	dst = append(dst, byte('0'+d/10), byte('0'+d%10), ' ')
+	dst = append(dst, monthAbbr[m-1]...)
+	dst = append(dst, ' ')
+	return strconv.AppendInt(dst, int64(y), 10)
 }

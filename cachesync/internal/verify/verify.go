@@ -22,6 +22,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/kvroute/kvroute/cachesync/internal/vocab"
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -65,6 +66,9 @@ const maxResponse = 1 << 20
 // Rendering is what an engine made of the probe set.
 type Rendering struct {
 	Model string
+	// At is when the engine rendered it: templates that print today's date
+	// are compared as of then.
+	At time.Time
 	// Texts holds the decoded text of each probe, in Probes order; nil
 	// where the engine refused the probe (Refused says why).
 	Texts   [][]byte
@@ -77,7 +81,7 @@ type Rendering struct {
 // Any other failure is returned, wrapped; ErrUnsupported when the engine
 // serves no chat /tokenize.
 func Fetch(ctx context.Context, client *http.Client, baseURL, model string, v *vocab.Vocab) (*Rendering, error) {
-	r := &Rendering{Model: model, Texts: make([][]byte, len(Probes)), Refused: make([]string, len(Probes))}
+	r := &Rendering{Model: model, At: time.Now(), Texts: make([][]byte, len(Probes)), Refused: make([]string, len(Probes))}
 	modelJSON, _ := json.Marshal(model)
 	for i, p := range Probes {
 		body := make([]byte, 0, len(p.Body)+len(modelJSON)+16)
@@ -97,7 +101,17 @@ func Fetch(ctx context.Context, client *http.Client, baseURL, model string, v *v
 		}
 		r.Texts[i] = text
 	}
+	if y, m, d := r.At.UTC().Date(); !sameDay(time.Now().UTC(), y, m, d) {
+		// Some probes have one date and some the next: no template
+		// would agree with all of them.
+		return nil, errors.New("verify: the UTC day changed during the check")
+	}
 	return r, nil
+}
+
+func sameDay(t time.Time, y int, m time.Month, d int) bool {
+	ty, tm, td := t.Date()
+	return ty == y && tm == m && td == d
 }
 
 // tokenize posts one probe; refused is the engine's complaint about a
@@ -179,11 +193,12 @@ func (a Agreement) String() string {
 func Compare(r *Rendering, t prompt.Template) Agreement {
 	a := Agreement{Template: t}
 	var buf []byte
+	rd := prompt.Renderer{Now: func() time.Time { return r.At }}
 	for i, p := range Probes {
 		if i >= len(r.Texts) || r.Texts[i] == nil {
 			continue
 		}
-		pr, err := prompt.Render(buf[:0], p.Body, t)
+		pr, err := rd.Render(buf[:0], p.Body, t)
 		if err != nil {
 			continue
 		}

@@ -57,6 +57,7 @@ func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
 		{"mistralai/Mistral-Nemo-Instruct-2407", prompt.Mistral},
 		{"google/gemma-3-4b-it", prompt.Gemma},
 		{"Qwen/Qwen3-32B", prompt.Qwen3},
+		{"meta-llama/Llama-3.2-3B-Instruct", prompt.Llama32}, // today's date, on the engine's clock
 	}
 	for _, tt := range tests {
 		t.Run(tt.want.String(), func(t *testing.T) {

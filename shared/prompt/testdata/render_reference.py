@@ -15,6 +15,7 @@ repository root:
     python3 shared/prompt/testdata/render_reference.py
 """
 
+import datetime
 import json
 import os
 import sys
@@ -37,7 +38,12 @@ FAMILIES = {
     "mistral": ("mistral.jinja", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, "string"),
     "gemma": ("gemma.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}, "openai"),
     "qwen3": ("qwen3.jinja", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, "string"),
+    "llama3.2": ("llama3.2.jinja", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, "string"),
 }
+
+# The clock strftime_now reads (transformers gives templates the process's
+# local time; the Go test sets Renderer.Now to the same instant, in UTC).
+REFERENCE_TIME = datetime.datetime(2026, 12, 1, 15, 4, 5, tzinfo=datetime.timezone.utc)
 
 MEDIA = ["image_url", "input_audio", "audio_url", "video_url", "image", "audio", "video",
          "input_image", "image_embeds", "audio_embeds", "image_pil", "file"]
@@ -54,6 +60,7 @@ def environment():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = REFERENCE_TIME.strftime
     return env
 
 
@@ -284,7 +291,7 @@ def main():
     path = os.path.join(ROOT, "reference.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"generator": "shared/prompt/testdata/render_reference.py",
-                   "jinja2": jinja2.__version__, "cases": out}, f, ensure_ascii=False, indent=1)
+                   "jinja2": jinja2.__version__, "now": REFERENCE_TIME.isoformat(), "cases": out}, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print("wrote %d cases to %s" % (len(out), os.path.relpath(path)), file=sys.stderr)
 
