@@ -5,8 +5,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
-	"time"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
