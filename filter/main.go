@@ -80,7 +80,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 }
 
 // OnTick refreshes the snapshot, beats this VM's in-flight row, and frees
-// requests whose body never came.
+// requests whose body never began to come.
 func (p *pluginContext) OnTick() {
 	now := time.Now()
 	p.sync.tick(now)
@@ -205,7 +205,11 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 		return types.ActionContinue
 	}
 	if !endOfStream {
-		p.held[h.id] = h
+		// The body is coming, however slowly: the hold timeout is for a
+		// body that never does. Resuming a stream paused in its body
+		// makes Envoy send what it buffered twice (the bytes so far, then
+		// the whole body), so it is held to the end; Envoy's own timeouts
+		// and max_body_bytes bound it.
 		return types.ActionPause
 	}
 	if cap(p.body) < bodySize {

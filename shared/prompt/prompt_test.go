@@ -499,3 +499,23 @@ func TestTodayDate(t *testing.T) {
 		}
 	}
 }
+
+// TestTrailingBytes: only whitespace may follow the body, and only
+// whitespace may follow a tool call's JSON arguments; a NUL is not the end.
+func TestTrailingBytes(t *testing.T) {
+	for _, body := range []string{
+		`{"messages":[{"role":"user","content":"hi"}]}` + "\x00",
+		`{"messages":[{"role":"user","content":"hi"}]} x`,
+	} {
+		if _, err := Render(nil, []byte(body), ChatML); !errors.Is(err, ErrInvalidJSON) {
+			t.Errorf("%q: %v, want ErrInvalidJSON", body, err)
+		}
+	}
+	call := `{"messages":[{"role":"user","content":"go"},{"role":"assistant","tool_calls":[{"id":"abcdefghi","type":"function","function":{"name":"f","arguments":"{}\u0000"}}]}]}`
+	if _, err := Render(nil, []byte(call), ChatML); !errors.Is(err, ErrMalformed) {
+		t.Errorf("arguments with a NUL after the JSON: %v, want ErrMalformed", err)
+	}
+	if _, err := Render(nil, []byte(`{"messages":[{"role":"user","content":"hi"}]}`+" \n\t"), ChatML); err != nil {
+		t.Errorf("trailing whitespace: %v", err)
+	}
+}

@@ -135,7 +135,7 @@ func (r *Renderer) parse(body []byte) error {
 	if err != nil {
 		return err
 	}
-	if s.ws() != 0 {
+	if !s.atEnd() {
 		return ErrInvalidJSON
 	}
 	return nil

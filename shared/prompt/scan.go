@@ -48,6 +48,13 @@ func (s *scanner) ws() byte {
 	return 0
 }
 
+// atEnd reports whether only whitespace is left. (ws's 0 cannot tell the
+// end from a NUL byte.)
+func (s *scanner) atEnd() bool {
+	s.ws()
+	return s.pos == len(s.b)
+}
+
 // expect consumes c after optional whitespace.
 func (s *scanner) expect(c byte) error {
 	if s.ws() != c {

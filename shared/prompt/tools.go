@@ -271,11 +271,11 @@ func (r *Renderer) appendArgs(dst []byte, args raw) ([]byte, error) {
 		v, _ := s.str()
 		r.tmp = s.appendStr(r.tmp[:0], v)
 		doc := scanner{b: r.tmp}
-		if doc.ws() == 0 {
+		if doc.atEnd() {
 			return append(dst, "{}"...), nil
 		}
 		dst, err := appendPyJSON(dst, &doc, 0, 0, 0)
-		if err != nil || doc.ws() != 0 {
+		if err != nil || !doc.atEnd() {
 			return dst, malformed("a tool call's arguments are not JSON")
 		}
 		return dst, nil
