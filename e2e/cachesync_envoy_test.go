@@ -34,6 +34,33 @@ type runningDaemon struct {
 	stop func()
 }
 
+// get returns the body of one of the daemon's pages.
+func (d *runningDaemon) get(t testing.TB, path string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + d.addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// routedByReports sends a conversation through gateway g1 and waits for g2,
+// which never saw it, to route its next turn to the same engine: only g1's
+// report to cachesync can tell it.
+func routedByReports(t testing.TB, g1, g2 *gateway, system string) {
+	t.Helper()
+	code, d := post(t, g1.client, g1.url, simChat(system, "turn 1", 1))
+	if code != http.StatusOK {
+		t.Fatalf("through gateway 1: %d", code)
+	}
+	home := d[len("endpoint="):strings.Index(d, ";")]
+	waitFor(t, 10*time.Second, "gateway 2 to route by gateway 1's report", func() bool {
+		return affineTo(probe(t, g2, system, "turn 2"), home)
+	})
+}
+
 func startCachesync(t testing.TB, addr string, engines []*vllmsim.Engine, precise bool) *runningDaemon {
 	t.Helper()
 	var spec []string
@@ -282,16 +309,7 @@ func TestCachesyncApproximateModeSharedByGateways(t *testing.T) {
 	g2 := cachesyncGateway(t, es, cs.addr, nil)
 	for i := range 4 {
 		system := "Conversation " + strconv.Itoa(i) + ". " + strings.Repeat("We were discussing the quarterly plan. ", 30)
-		code, d := post(t, g1.client, g1.url, simChat(system, "turn 1", 1))
-		if code != http.StatusOK {
-			t.Fatalf("through gateway 1: %d", code)
-		}
-		home := d[len("endpoint="):strings.Index(d, ";")]
-		// Gateway 2 never saw the conversation; gateway 1's report to
-		// cachesync is how it learns.
-		waitFor(t, 10*time.Second, "gateway 2 to route by gateway 1's report", func() bool {
-			return affineTo(probe(t, g2, system, "turn 2"), home)
-		})
+		routedByReports(t, g1, g2, system)
 	}
 	time.Sleep(300 * time.Millisecond) // the probes' last batches
 	reportsAccepted(t, g1)
@@ -309,15 +327,7 @@ func TestCachesyncTemplateMismatch(t *testing.T) {
 	cs := startCachesync(t, "127.0.0.1:0", es, true)
 	g1 := cachesyncGateway(t, es, cs.addr, nil, "chat_template", "chatml")
 	g2 := cachesyncGateway(t, es, cs.addr, nil, "chat_template", "chatml")
-	get := func(path string) string {
-		resp, err := http.Get("http://" + cs.addr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
-	}
+	get := func(path string) string { return cs.get(t, path) }
 	note := func(e *vllmsim.Engine) string { return "engine " + e.Addr() + " is routed approximately" }
 	waitFor(t, 15*time.Second, "cachesync to find both engines' templates disagreeing", func() bool {
 		r := get("/readyz")
@@ -334,16 +344,7 @@ func TestCachesyncTemplateMismatch(t *testing.T) {
 		}
 	}
 
-	// Affinity from reports: gateway 2 never saw the conversation.
-	system := "Account review. " + strings.Repeat("The customer asked about invoices twice. ", 30)
-	code, d := post(t, g1.client, g1.url, simChat(system, "turn 1", 1))
-	if code != http.StatusOK {
-		t.Fatalf("through gateway 1: %d", code)
-	}
-	home := d[len("endpoint="):strings.Index(d, ";")]
-	waitFor(t, 10*time.Second, "gateway 2 to route by gateway 1's report", func() bool {
-		return affineTo(probe(t, g2, system, "turn 2"), home)
-	})
+	routedByReports(t, g1, g2, "Account review. "+strings.Repeat("The customer asked about invoices twice. ", 30))
 
 	// Redeployed with the model's own template (ChatML), engine 0 agrees,
 	// and its KV events drive routing again: it is warmed directly, so
@@ -389,13 +390,7 @@ func TestCachesyncAutoTemplatePool(t *testing.T) {
 	cs := startCachesync(t, "127.0.0.1:0", all, true)
 	g := cachesyncGateway(t, all, cs.addr, nil, "chat_template", "auto")
 	waitFor(t, 15*time.Second, "cachesync to find every engine's template", func() bool {
-		resp, err := http.Get("http://" + cs.addr + "/metrics")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return strings.Contains(string(b), `kvroute_cachesync_engines_by_template{state="agrees"} 4`+"\n")
+		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_template{state="agrees"} 4`+"\n")
 	})
 	chat := func(model, system, user string, maxTokens int) []byte {
 		b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": maxTokens,

@@ -21,17 +21,9 @@ func (r *Renderer) qwen3(dst []byte) ([]byte, error) {
 		if sysFirst {
 			dst = append(r.joined(dst, &msgs[0]), "\n\n"...)
 		}
-		dst = append(dst, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"...)
-		err = r.eachTool(func(_ int, tool raw) error {
-			dst = append(dst, '\n')
-			var err error
-			dst, err = r.appendTool(dst, tool, 0)
-			return err
-		})
-		if err != nil {
+		if dst, err = r.appendQwenTools(dst); err != nil {
 			return dst, err
 		}
-		dst = append(dst, "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"...)
 	case sysFirst:
 		dst = append(dst, "<|im_start|>system\n"...)
 		dst = append(r.joined(dst, &msgs[0]), "<|im_end|>\n"...)
@@ -80,15 +72,12 @@ func (r *Renderer) qwen3(dst []byte) ([]byte, error) {
 			}
 			if m.calls.ok {
 				hasContent := len(content) > 0
-				err = r.eachCall(m, func(j int, call call) error {
+				err = r.eachCall(m, func(j int, c call) error {
 					if j > 0 || hasContent {
 						dst = append(dst, '\n')
 					}
-					dst = append(dst, "<tool_call>\n{\"name\": \""...)
-					dst = append(r.s.appendStr(dst, call.name), "\", \"arguments\": "...)
 					var err error
-					dst, err = r.appendArgs(dst, call.args)
-					dst = append(dst, "}\n</tool_call>"...)
+					dst, err = r.appendQwenCall(dst, c)
 					return err
 				})
 				if err != nil {
@@ -97,14 +86,7 @@ func (r *Renderer) qwen3(dst []byte) ([]byte, error) {
 			}
 			dst = append(dst, "<|im_end|>\n"...)
 		case m.role == roleTool:
-			if i == 0 || msgs[i-1].role != roleTool {
-				dst = append(dst, "<|im_start|>user"...)
-			}
-			dst = append(dst, "\n<tool_response>\n"...)
-			dst = append(r.joined(dst, m), "\n</tool_response>"...)
-			if i == len(msgs)-1 || msgs[i+1].role != roleTool {
-				dst = append(dst, "<|im_end|>\n"...)
-			}
+			dst = r.appendQwenToolResponse(dst, i)
 		}
 		// Any other role (developer, a leading system) renders nothing here.
 	}

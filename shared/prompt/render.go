@@ -112,17 +112,9 @@ func (r *Renderer) chatml(dst []byte) ([]byte, error) {
 		} else {
 			dst = append(dst, qwenSystem...)
 		}
-		dst = append(dst, "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"...)
-		err = r.eachTool(func(_ int, tool raw) error {
-			dst = append(dst, '\n')
-			var err error
-			dst, err = r.appendTool(dst, tool, 0)
-			return err
-		})
-		if err != nil {
+		if dst, err = r.appendQwenTools(append(dst, "\n\n"...)); err != nil {
 			return dst, err
 		}
-		dst = append(dst, "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"...)
 	case sysFirst:
 		dst = append(dst, "<|im_start|>system\n"...)
 		dst = append(r.joined(dst, &msgs[0]), "<|im_end|>\n"...)
@@ -147,11 +139,8 @@ func (r *Renderer) chatml(dst []byte) ([]byte, error) {
 				dst = dst[:mark] // {%- if message.content %}
 			}
 			err = r.eachCall(m, func(_ int, c call) error {
-				dst = append(dst, "\n<tool_call>\n{\"name\": \""...)
-				dst = append(r.s.appendStr(dst, c.name), "\", \"arguments\": "...)
 				var err error
-				dst, err = r.appendArgs(dst, c.args)
-				dst = append(dst, "}\n</tool_call>"...)
+				dst, err = r.appendQwenCall(append(dst, '\n'), c)
 				return err
 			})
 			if err != nil {
@@ -159,14 +148,7 @@ func (r *Renderer) chatml(dst []byte) ([]byte, error) {
 			}
 			dst = append(dst, "<|im_end|>\n"...)
 		case m.role == roleTool:
-			if i == 0 || msgs[i-1].role != roleTool {
-				dst = append(dst, "<|im_start|>user"...)
-			}
-			dst = append(dst, "\n<tool_response>\n"...)
-			dst = append(r.joined(dst, m), "\n</tool_response>"...)
-			if i == len(msgs)-1 || msgs[i+1].role != roleTool {
-				dst = append(dst, "<|im_end|>\n"...)
-			}
+			dst = r.appendQwenToolResponse(dst, i)
 		}
 		// Any other role (developer, a leading system) renders nothing here.
 	}
@@ -174,6 +156,45 @@ func (r *Renderer) chatml(dst []byte) ([]byte, error) {
 		dst = append(dst, "<|im_start|>assistant\n"...)
 	}
 	return dst, nil
+}
+
+// appendQwenCall appends a tool call as the Qwen templates print it.
+func (r *Renderer) appendQwenCall(dst []byte, c call) ([]byte, error) {
+	dst = append(dst, "<tool_call>\n{\"name\": \""...)
+	dst = append(r.s.appendStr(dst, c.name), "\", \"arguments\": "...)
+	dst, err := r.appendArgs(dst, c.args)
+	return append(dst, "}\n</tool_call>"...), err
+}
+
+// appendQwenToolResponse appends tool message i as the Qwen templates
+// print it: a run of tool messages shares one user turn.
+func (r *Renderer) appendQwenToolResponse(dst []byte, i int) []byte {
+	msgs := r.msgs
+	if i == 0 || msgs[i-1].role != roleTool {
+		dst = append(dst, "<|im_start|>user"...)
+	}
+	dst = append(dst, "\n<tool_response>\n"...)
+	dst = append(r.joined(dst, &msgs[i]), "\n</tool_response>"...)
+	if i == len(msgs)-1 || msgs[i+1].role != roleTool {
+		dst = append(dst, "<|im_end|>\n"...)
+	}
+	return dst
+}
+
+// appendQwenTools appends the Qwen templates' tool list, from "# Tools" to
+// the end of the system turn.
+func (r *Renderer) appendQwenTools(dst []byte) ([]byte, error) {
+	dst = append(dst, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"...)
+	err := r.eachTool(func(_ int, tool raw) error {
+		dst = append(dst, '\n')
+		var err error
+		dst, err = r.appendTool(dst, tool, 0)
+		return err
+	})
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"...), nil
 }
 
 // llama3 renders the Llama 3.1/3.3 Instruct template, with its defaults:
