@@ -27,7 +27,8 @@
 //     tool_calls only on assistant messages.
 //
 // A request's "add_generation_prompt": false is honoured, and so is
-// chat_template_kwargs.enable_thinking: false (Qwen3); other
+// chat_template_kwargs.enable_thinking: false (Qwen3) and
+// chat_template_kwargs.date_string (Llama 3); other
 // chat_template_kwargs and continue_final_message are not. Python keeps the
 // last of duplicate keys inside tool JSON; Render prints them all. Either
 // only costs a cache hit, never a wrong answer.

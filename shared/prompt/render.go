@@ -200,7 +200,7 @@ func (r *Renderer) appendQwenTools(dst []byte) ([]byte, error) {
 // llama3 renders the Llama 3.1/3.3 Instruct template, with its defaults:
 // tools in the first user message and "Today Date: 26 Jul 2024"; with
 // today, the Llama 3.2 template, which prints strftime_now("%d %b %Y")
-// there instead.
+// there instead; either prints chat_template_kwargs.date_string when given.
 func (r *Renderer) llama3(dst []byte, today bool) ([]byte, error) {
 	msgs := r.msgs
 	dst = append(dst, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"...)
@@ -208,9 +208,15 @@ func (r *Renderer) llama3(dst []byte, today bool) ([]byte, error) {
 		dst = append(dst, "Environment: ipython\n"...)
 	}
 	dst = append(dst, "Cutting Knowledge Date: December 2023\nToday Date: "...)
-	if today {
+	switch {
+	case r.req.dateSet && r.req.dateBad:
+		// "Today Date: " + date_string with a non-string: a TypeError.
+		return dst, rejected("chat_template_kwargs.date_string is not a string")
+	case r.req.dateSet:
+		dst = r.s.appendStr(dst, r.req.date)
+	case today:
 		dst = appendDate(dst, r.now())
-	} else {
+	default:
 		dst = append(dst, "26 Jul 2024"...)
 	}
 	dst = append(dst, "\n\n"...)

@@ -61,7 +61,11 @@ type request struct {
 	// noThinking: chat_template_kwargs.enable_thinking is false (Jinja's
 	// "is false": the boolean only).
 	noThinking bool
-	prompt     raw // completions prompt
+	// date is chat_template_kwargs.date_string (Llama 3's "Today Date");
+	// dateSet when given, and then a string unless dateBad.
+	date             str
+	dateSet, dateBad bool
+	prompt           raw // completions prompt
 	// max_tokens and max_completion_tokens, when positive integers
 	maxTokens, maxCompletion int
 	salt                     str // cache_salt, when a string
@@ -108,9 +112,16 @@ func (r *Renderer) parse(body []byte) error {
 				return s.skip(1)
 			}
 			return s.object(1, func(key str) error {
-				if s.equalStr(key, "enable_thinking") {
-					c := s.ws()
-					r.req.noThinking = c == 'f'
+				switch {
+				case s.equalStr(key, "enable_thinking"):
+					r.req.noThinking = s.ws() == 'f'
+				case s.equalStr(key, "date_string"):
+					r.req.dateSet = true
+					if r.req.dateBad = s.ws() != '"'; !r.req.dateBad {
+						var err error
+						r.req.date, err = s.str()
+						return err
+					}
 				}
 				return s.skip(2)
 			})

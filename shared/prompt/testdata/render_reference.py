@@ -266,6 +266,10 @@ CASES = {
         {"role": "assistant", "content": "<think>\n\nAdd again.\n\n</think>\n\n\n6 </think> done"}]}),
     "thinking_off": j({"model": "m", "chat_template_kwargs": {"enable_thinking": False}, "messages": [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}),
+    "date_string": j({"model": "m", "chat_template_kwargs": {"date_string": "02 Jan 2027 \u00e9"}, "messages": [
+        {"role": "user", "content": "What day is it?"}]}),
+    "date_string_not_a_string": j({"model": "m", "chat_template_kwargs": {"date_string": 20270102}, "messages": [
+        {"role": "user", "content": "What day is it?"}]}),
     "thinking_on": j({"model": "m", "chat_template_kwargs": {"enable_thinking": True, "other": [1]}, "messages": [
         {"role": "user", "content": "Hi"}]}),
     "tool_response_user": j({"model": "m", "tools": [WEATHER], "messages": [
