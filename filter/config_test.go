@@ -144,6 +144,17 @@ func TestParseConfigDefaultsAndShape(t *testing.T) {
 	if err != nil || empty.maxBodyBytes != defaultMaxBodyBytes || len(empty.paths) != 2 || empty.cachesync != nil {
 		t.Errorf("empty configuration: %+v, %v", empty, err)
 	}
+	// chat_template auto is the default, and can be asked for by name after
+	// a fixed one.
+	if !empty.autoTemplate || empty.templateName() != "auto" {
+		t.Errorf("default chat template %v (auto %v), want auto", empty.template, empty.autoTemplate)
+	}
+	if auto, err := parseConfig([]byte(`{"chat_template":"auto"}`)); err != nil || !auto.autoTemplate || auto.template != prompt.Plain {
+		t.Errorf("chat_template auto: %+v, %v", auto.template, err)
+	}
+	if fixed, _ := parseConfig([]byte(`{"chat_template":"qwen3"}`)); fixed.autoTemplate || fixed.templateName() != "qwen3" {
+		t.Errorf("chat_template qwen3 names itself %q", fixed.templateName())
+	}
 	for _, c := range []struct{ json, field string }{
 		{`{"colour":"blue"}`, "colour"},
 		{`{"policy":{"colour":"blue"}}`, "policy.colour"},
