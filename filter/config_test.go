@@ -144,8 +144,8 @@ func TestParseConfigDefaultsAndShape(t *testing.T) {
 	if err != nil || empty.maxBodyBytes != defaultMaxBodyBytes || len(empty.paths) != 2 || empty.cachesync != nil {
 		t.Errorf("empty configuration: %+v, %v", empty, err)
 	}
-	// chat_template auto is the default, and can be asked for by name after
-	// a fixed one.
+	// chat_template auto is the default and can be named; a fixed template
+	// is what the filter tells cachesync it renders with.
 	if !empty.autoTemplate || empty.templateName() != "auto" {
 		t.Errorf("default chat template %v (auto %v), want auto", empty.template, empty.autoTemplate)
 	}
