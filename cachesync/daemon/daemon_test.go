@@ -645,3 +645,45 @@ func TestTemplateFollowsTheGateways(t *testing.T) {
 		return strings.Count(logs.String(), "following KV events") == 2
 	})
 }
+
+// TestUncheckableEngineAndAutoGateways: an engine without a chat /tokenize
+// is assumed to match a fixed gateway template, but gateways on auto render
+// its model plain (no checked engine names a template), which cannot match
+// what it cached: it is indexed approximately while they do.
+func TestUncheckableEngineAndAutoGateways(t *testing.T) {
+	es, err := vllmsim.StartN(t.Context(), 1, vllmsim.Config{Model: model, TimeScale: 0.001, NoTokenize: true,
+		KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := es[0]
+	d := newDaemon(t, Config{Engines: e.Addr() + "?events=" + e.EventsEndpoint(), Tokenizer: "cl100k_base",
+		ReportToken: "tok", TemplateCheck: 100 * time.Millisecond})
+	d.gatewayWindow = 500 * time.Millisecond
+	runDaemon(t, d)
+	base := "http://" + d.Addr()
+	var name atomic.Value
+	name.Store("chatml")
+	go func() {
+		for t.Context().Err() == nil {
+			req, _ := http.NewRequestWithContext(t.Context(), "GET", base+"/v1/snapshot?since=0&template="+name.Load().(string), nil)
+			req.Header.Set("Authorization", "Bearer tok")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	metric := func(line string) func() bool {
+		return func() bool { return strings.Contains(get(t, base+"/metrics"), line+"\n") }
+	}
+	eventually(t, "the engine checked and found uncheckable", metric(`kvroute_cachesync_engines_by_template{state="unchecked"} 1`))
+	if !metric(`kvroute_cachesync_engines{mode="precise"} 1`)() {
+		t.Fatal("an uncheckable engine behind a fixed gateway template is not precise")
+	}
+	name.Store("auto")
+	eventually(t, "the engine indexed approximately for auto gateways", metric(`kvroute_cachesync_engines{mode="approximate"} 1`))
+	name.Store("chatml")
+	eventually(t, "the engine precise again", metric(`kvroute_cachesync_engines{mode="precise"} 1`))
+}

@@ -39,9 +39,12 @@ type templateState struct {
 	// renders is the template that agrees with rendering, published in the
 	// snapshot for gateways on auto; Plain when none does.
 	renders prompt.Template
-	fetched time.Time // when the last check started
-	running bool
-	failure string // the last check's error, once logged; "" when it went through
+	// unsupported: the engine serves no chat /tokenize, so nothing is known
+	// of its template.
+	unsupported bool
+	fetched     time.Time // when the last check started
+	running     bool
+	failure     string // the last check's error, once logged; "" when it went through
 
 	// The verdict: against which gateway templates it was reached, their
 	// agreements, and whether the engine was made approximate for it.
@@ -72,9 +75,9 @@ func (s *templateState) agrees() bool {
 
 // checkResult is a finished check, handed to the daemon's loop.
 type checkResult struct {
-	addr      string
-	rendering *verify.Rendering
-	err       error
+	addr, model string
+	rendering   *verify.Rendering
+	err         error
 }
 
 // checkable reports whether e's template matters: only a precise index
@@ -101,7 +104,7 @@ func (d *Daemon) maybeCheck(ctx context.Context, e *engine, models []string) {
 		r, err := verify.Fetch(fetchCtx, d.http, "http://"+addr, model, d.vocab)
 		cancel()
 		select {
-		case d.checks <- checkResult{addr: addr, rendering: r, err: err}:
+		case d.checks <- checkResult{addr: addr, model: model, rendering: r, err: err}:
 		case <-ctx.Done():
 		}
 	}()
@@ -117,20 +120,25 @@ func (d *Daemon) applyCheck(ctx context.Context, res checkResult) {
 	}
 	tc := &e.template
 	tc.running = false
-	if res.err != nil {
+	unsupported := errors.Is(res.err, verify.ErrUnsupported)
+	if res.err != nil && !unsupported {
 		// The last verdict stands: an engine that is restarting fails its
 		// checks for a while, and that is no news about its template.
 		if msg := res.err.Error(); msg != tc.failure {
 			tc.failure = msg
-			if errors.Is(res.err, verify.ErrUnsupported) {
-				d.log.Info("engine cannot be asked how it renders chat prompts (no chat /tokenize); its template is assumed to match the gateways'", "engine", res.addr)
-			} else {
-				d.log.Warn("checking the engine's chat template failed; will retry", "engine", res.addr, "err", res.err)
-			}
+			d.log.Warn("checking the engine's chat template failed; will retry", "engine", res.addr, "err", res.err)
 		}
 		return
 	}
-	tc.failure = ""
+	if unsupported && !tc.unsupported {
+		d.log.Info("engine cannot be asked how it renders chat prompts (no chat /tokenize); its template is assumed to match a fixed chat_template of the gateways', and not to match plain", "engine", res.addr)
+	}
+	tc.failure, tc.unsupported = "", unsupported
+	if unsupported {
+		// No evidence about any template (no probe text), which judge
+		// weighs as such.
+		res.rendering = &verify.Rendering{Model: res.model}
+	}
 	tc.rendering = res.rendering
 	tc.renders = prompt.Plain
 	if m := verify.Matching(res.rendering); len(m) > 0 {
@@ -200,7 +208,9 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 	for _, t := range want {
 		tc.agree = append(tc.agree, verify.Compare(tc.rendering, t))
 	}
-	agrees, disagrees := tc.agrees(), tc.disagrees()
+	// Gateways on auto render plain what no checked engine of the model
+	// renders: an engine that could not be checked cannot agree with that.
+	agrees, disagrees := tc.agrees(), tc.disagrees() || tc.unsupported && slices.Contains(want, prompt.Plain)
 	switch {
 	case disagrees && !tc.mismatch:
 		like := "none of kvroute's templates"
@@ -217,7 +227,7 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 		d.log.Info("engine's chat template no longer disagrees with the gateways': routing it precisely", "engine", e.d.Addr, "gateways", names(want), "agreement", agreements(tc.agree))
 		tc.mismatch = false
 		d.promote(ctx, e)
-	case !agrees && !disagrees && first:
+	case !agrees && !disagrees && first && !tc.unsupported:
 		d.log.Info("engine renders none of the template-check probes (no chat template?): its chat prompts cannot be checked, and it stays precise", "engine", e.d.Addr, "model", tc.rendering.Model)
 	case agrees && (first || !wasAgreeing):
 		d.log.Info("engine's chat template agrees with the gateways'", "engine", e.d.Addr, "model", tc.rendering.Model, "agreement", agreements(tc.agree))

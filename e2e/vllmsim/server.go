@@ -25,7 +25,9 @@ func (e *Engine) routes() http.Handler {
 	mux.HandleFunc("GET /v1/models", e.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("GET /metrics", e.handleMetrics)
-	mux.HandleFunc("POST /tokenize", e.handleTokenize)
+	if !e.cfg.NoTokenize {
+		mux.HandleFunc("POST /tokenize", e.handleTokenize)
+	}
 	mux.HandleFunc("POST /v1/completions/render", e.handleRender("/v1/completions"))
 	mux.HandleFunc("POST /v1/chat/completions/render", e.handleRender("/v1/chat/completions"))
 	mux.HandleFunc("POST /detokenize", e.handleDetokenize)
