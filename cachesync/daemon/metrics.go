@@ -6,6 +6,7 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/bridge"
 	"github.com/kvroute/kvroute/cachesync/internal/discovery"
 	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
+	"github.com/kvroute/kvroute/cachesync/internal/scrape"
 	"github.com/kvroute/kvroute/cachesync/internal/verify"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
@@ -83,7 +84,9 @@ var (
 	descScrapeSeconds  = prometheus.NewDesc(ns+"scrape_seconds_total", "Time spent scraping engines.", nil, nil)
 	descAgreement      = prometheus.NewDesc(ns+"template_agreement", "Share of the probe conversations an engine renders byte for byte as the gateways' chat template does (1: agrees).", []string{"engine", "template"}, nil)
 	descCommonPrefix   = prometheus.NewDesc(ns+"template_common_prefix_bytes", "Bytes an engine's render of its first differing probe shares with the gateways' template's; absent when they agree.", []string{"engine", "template"}, nil)
-	descTemplates      = prometheus.NewDesc(ns+"engines_by_template", "Engines with KV events by chat-template check: agrees, disagrees (indexed approximately), unchecked.", []string{"state"}, nil)
+	descTemplates      = prometheus.NewDesc(ns+"engines_by_template", "Engines whose chat template is checked (those with KV events, and llama.cpp) by the check: agrees, disagrees (an engine with KV events is then indexed approximately), unchecked.", []string{"state"}, nil)
+	descPrefillRate    = prometheus.NewDesc(ns+"engine_prefill_rate_tokens_per_second", "Prefill rate published for each engine: calibrated from its metrics, or the configured default until then.", []string{"engine", "kind"}, nil)
+	descCalibrated     = prometheus.NewDesc(ns+"engine_prefill_rate_calibrated", "1 once an engine's prefill rate is calibrated from its own metrics, 0 while the default stands.", []string{"engine"}, nil)
 	descDiscovery      = prometheus.NewDesc(ns+"discovery_updates_total", "Engine sets discovery sent.", nil, nil)
 	descDiscoveryErrs  = prometheus.NewDesc(ns+"discovery_errors_total", "Discovery lookups that failed (the last set stands).", nil, nil)
 )
@@ -99,7 +102,8 @@ type collector struct{ d *Daemon }
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descBatches, descGaps, descReplays, descReplayFailures, descReplayed,
 		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines,
-		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descAgreement, descCommonPrefix, descTemplates, descDiscovery, descDiscoveryErrs} {
+		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descAgreement, descCommonPrefix, descTemplates, descDiscovery, descDiscoveryErrs,
+		descPrefillRate, descCalibrated} {
 		ch <- d
 	}
 }
@@ -116,8 +120,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		a      verify.Agreement
 	}
 	var agree []agreement
+	var rates []scrape.State
 	for addr, e := range d.engines {
 		total.add(e.stats())
+		if e.scraped {
+			rates = append(rates, e.last)
+		}
 		if e.precise {
 			precise++
 		}
@@ -182,6 +190,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if !g.a.Agrees() && g.a.Probe != "" {
 			gauge(descCommonPrefix, g.a.Common, g.engine, g.a.Template.String())
 		}
+	}
+	for _, st := range rates {
+		ch <- prometheus.MustNewConstMetric(descPrefillRate, prometheus.GaugeValue, st.Rate.TokensPerSecond, st.Addr, st.Kind.String())
+		calibrated := 0
+		if st.Rate.Calibrated {
+			calibrated = 1
+		}
+		gauge(descCalibrated, calibrated, st.Addr)
 	}
 	if scraper != nil {
 		st := scraper.Stats()

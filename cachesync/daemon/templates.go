@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/cachesync/internal/index"
+	"github.com/kvroute/kvroute/cachesync/internal/scrape"
 	"github.com/kvroute/kvroute/cachesync/internal/verify"
 	"github.com/kvroute/kvroute/shared/prompt"
 )
@@ -80,11 +81,19 @@ type checkResult struct {
 	err         error
 }
 
-// checkable reports whether e's template matters: only a precise index
-// depends on it.
+// checkable reports whether e's template can be checked and matters: a
+// precise index depends on it (and decodes the engine's tokens with the
+// index's vocabulary), and a llama.cpp engine renders prompts to text for
+// the asking, so its check needs no vocabulary; its index comes from
+// reports either way, but gateways on auto render its model with what it
+// is found to render.
 func (d *Daemon) checkable(e *engine) bool {
-	return d.vocab != nil && len(e.d.Events) > 0 && d.cfg.TemplateCheck >= 0
+	return d.cfg.TemplateCheck >= 0 && (d.eventful(e) || e.last.Kind == scrape.KindLlamaCpp)
 }
+
+// eventful reports whether e can be indexed from its KV events: what a
+// template mismatch takes away.
+func (d *Daemon) eventful(e *engine) bool { return d.vocab != nil && len(e.d.Events) > 0 }
 
 // maybeCheck starts a check of e's template when one is due. Called on the
 // loop's tick (scrapes arrive only when something changed), with d.mu held.
@@ -98,10 +107,16 @@ func (d *Daemon) maybeCheck(ctx context.Context, e *engine, models []string) {
 		return
 	}
 	tc.running, tc.fetched = true, time.Now()
-	addr, model := e.d.Addr, models[0]
+	addr, model, applied := e.d.Addr, models[0], e.last.Kind == scrape.KindLlamaCpp
 	go func() {
 		fetchCtx, cancel := context.WithTimeout(ctx, templateTimeout)
-		r, err := verify.Fetch(fetchCtx, d.http, "http://"+addr, model, d.vocab)
+		var r *verify.Rendering
+		var err error
+		if applied {
+			r, err = verify.FetchApplied(fetchCtx, d.http, "http://"+addr, model)
+		} else {
+			r, err = verify.Fetch(fetchCtx, d.http, "http://"+addr, model, d.vocab)
+		}
 		cancel()
 		select {
 		case d.checks <- checkResult{addr: addr, model: model, rendering: r, err: err}:
@@ -211,6 +226,16 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 	// Gateways on auto render plain what no checked engine of the model
 	// renders: an engine that could not be checked cannot agree with that.
 	agrees, disagrees := tc.agrees(), tc.disagrees() || tc.unsupported && slices.Contains(want, prompt.Plain)
+	if !d.eventful(e) {
+		// Indexed from reports, which hash the gateways' own render:
+		// a different template costs nothing but is worth knowing.
+		if disagrees != tc.mismatch || first {
+			d.log.Info("engine's chat template, checked; it is indexed from the gateways' reports, which need no agreement", "engine", e.d.Addr,
+				"model", tc.rendering.Model, "gateways", names(want), "agreement", agreements(tc.agree), "engine_renders_like", tc.renders.String())
+		}
+		tc.mismatch = disagrees
+		return
+	}
 	switch {
 	case disagrees && !tc.mismatch:
 		like := "none of kvroute's templates"
@@ -263,7 +288,7 @@ func (d *Daemon) templateNotes() []string {
 	defer d.mu.Unlock()
 	var out []string
 	for addr, e := range d.engines {
-		if e.template.mismatch {
+		if e.template.mismatch && d.eventful(e) {
 			out = append(out, "engine "+addr+" is routed approximately: its chat template disagrees with the gateways' ("+agreements(e.template.agree)+")")
 		}
 	}

@@ -140,8 +140,9 @@ func (t Template) String() string {
 	return "Template(" + strconv.Itoa(int(t)) + ")"
 }
 
-// bos is the string a family's tokenizer adds before a text prompt.
-func (t Template) bos() string {
+// BOS is the string a family's tokenizer adds before a text prompt, and
+// its templates print first; "" for families without one.
+func (t Template) BOS() string {
 	switch t {
 	case Llama3, Llama32:
 		return "<|begin_of_text|>"
@@ -303,7 +304,7 @@ func (r *Renderer) completion(dst []byte, t Template, p *Prompt) ([]byte, error)
 	switch s.ws() {
 	case '"':
 		v, _ := s.str()
-		dst = append(dst, t.bos()...)
+		dst = append(dst, t.BOS()...)
 		return s.appendStr(dst, v), nil
 	case '[':
 	default:
@@ -322,7 +323,7 @@ func (r *Renderer) completion(dst []byte, t Template, p *Prompt) ([]byte, error)
 		case first == '"' && c == '"':
 			v, err := s.str()
 			if n == 1 {
-				dst = append(dst, t.bos()...)
+				dst = append(dst, t.BOS()...)
 				dst = s.appendStr(dst, v)
 			}
 			return err

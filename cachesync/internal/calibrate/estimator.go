@@ -22,7 +22,13 @@
 //     overlap, so P overstates the engine's time once several run at once;
 //     but then P > Δt, and U / Δt is the better bound.
 //
-// A window's sample is U / min(P, Δt), the tighter bound. Short prompts
+// A window's sample is U / min(P, Δt), the tighter bound. An engine that
+// times its own prefills (llama.cpp's prompt_seconds_total) gives P
+// exactly, and its samples are measurements rather than bounds: they are
+// clamped only to [1, Ceiling], not to Floor, so that an engine on CPUs
+// slower than any GPU default is calibrated as it is; a window of them
+// ends as soon as its prompts reach MinPromptTokens, and the first one
+// replaces the default. Short prompts
 // prefilled at light load are dominated by a step's fixed cost, so outside
 // saturation a window counts only if its prompts average MinPromptTokens
 // uncached tokens. Idle windows say nothing and are skipped.
@@ -68,6 +74,9 @@ const (
 	// minRequests is the fewest requests a window must see finish their
 	// prefill, so that one prompt counted whole cannot make a window.
 	minRequests = 2
+	// minTimedRate is the least rate a timed estimate publishes: the
+	// snapshot's latency model divides by it.
+	minTimedRate = 1
 )
 
 // Config sets how rates are estimated and published.
@@ -145,6 +154,9 @@ type Observation struct {
 	// PrefillSeconds sums per-request prefill times over PrefillCount
 	// requests; both stay 0 if the engine does not report them.
 	PrefillSeconds, PrefillCount float64
+	// PrefillTime is the time the engine spent prefilling, as it times
+	// itself (llama.cpp's prompt_seconds_total); 0 if it does not.
+	PrefillTime float64
 	// Waiting is the number of requests queued at the scrape.
 	Waiting float64
 }
@@ -153,7 +165,7 @@ func (o *Observation) uncached() float64 { return o.PromptTokens - o.CachedToken
 
 // valid reports whether o is usable: finite, non-negative numbers.
 func (o *Observation) valid() bool {
-	for _, v := range []float64{o.PromptTokens, o.CachedTokens, o.Requests, o.PrefillSeconds, o.PrefillCount, o.Waiting} {
+	for _, v := range []float64{o.PromptTokens, o.CachedTokens, o.Requests, o.PrefillSeconds, o.PrefillCount, o.PrefillTime, o.Waiting} {
 		if !(v >= 0) || math.IsInf(v, 1) {
 			return false
 		}
@@ -164,7 +176,7 @@ func (o *Observation) valid() bool {
 // restarted reports whether a counter went backwards from prev to o.
 func (o *Observation) restarted(prev *Observation) bool {
 	return o.PromptTokens < prev.PromptTokens || o.CachedTokens < prev.CachedTokens || o.Requests < prev.Requests ||
-		o.PrefillSeconds < prev.PrefillSeconds || o.PrefillCount < prev.PrefillCount
+		o.PrefillSeconds < prev.PrefillSeconds || o.PrefillCount < prev.PrefillCount || o.PrefillTime < prev.PrefillTime
 }
 
 // Estimator estimates one engine's rate from its observations. It is not
@@ -178,6 +190,8 @@ type Estimator struct {
 	n          int // samples taken in all
 	est        float64
 	calibrated bool
+	// timed: the engine times its own prefills, so samples are measured.
+	timed bool
 }
 
 // NewEstimator returns an Estimator for cfg, with defaults filled in.
@@ -202,7 +216,10 @@ func (e *Estimator) Observe(o Observation) {
 	e.prev = &o
 	e.saturated = e.saturated && o.Waiting > 0
 	dt := o.Time.Sub(e.start.Time)
-	if dt < e.cfg.Window {
+	// An engine that times its prefills needs no long window to average
+	// over, only enough prompt tokens to outweigh a step's fixed cost.
+	timedEnough := o.PrefillTime > e.start.PrefillTime && o.uncached()-e.start.uncached() >= float64(e.cfg.MinPromptTokens)
+	if dt < e.cfg.Window && !timedEnough {
 		return
 	}
 	if r, ok := e.sample(e.start, &o, dt.Seconds()); ok {
@@ -214,6 +231,22 @@ func (e *Estimator) Observe(o Observation) {
 // sample measures the window from a to b, if it says anything.
 func (e *Estimator) sample(a, b *Observation, dt float64) (float64, bool) {
 	tokens := b.uncached() - a.uncached()
+	if busy := b.PrefillTime - a.PrefillTime; busy > 0 && tokens > 0 {
+		e.timed = true
+		// The engine counts no requests: the window's prompts together
+		// must be long enough to outweigh a step's fixed cost.
+		if !e.saturated && tokens < float64(e.cfg.MinPromptTokens) {
+			return 0, false
+		}
+		// Slots prefilling side by side each count their time, so the
+		// sum overstates the engine's; a full window bounds it. A short
+		// one cannot: a prompt's whole time lands in the window it
+		// finishes in.
+		if dt >= e.cfg.Window.Seconds() {
+			busy = min(busy, dt)
+		}
+		return tokens / busy, true
+	}
 	reqs := b.Requests - a.Requests
 	if !(tokens > 0) || reqs < minRequests {
 		return 0, false
@@ -237,7 +270,8 @@ func (e *Estimator) sample(a, b *Observation, dt float64) (float64, bool) {
 func (e *Estimator) add(v float64) {
 	e.samples[e.n%samples] = v
 	e.n++
-	if e.n < e.cfg.MinSamples {
+	if e.n < e.cfg.MinSamples && !e.timed {
+		// A timed window is a measurement, and one is enough to start.
 		return
 	}
 	recent := slices.Clone(e.samples[:min(e.n, samples)])
@@ -261,5 +295,9 @@ func (e *Estimator) Rate() Rate {
 	if !e.calibrated {
 		return e.cfg.rate(e.cfg.Default, false)
 	}
-	return e.cfg.rate(min(max(e.est, e.cfg.Floor), e.cfg.Ceiling), true)
+	floor := e.cfg.Floor
+	if e.timed {
+		floor = minTimedRate
+	}
+	return e.cfg.rate(min(max(e.est, floor), e.cfg.Ceiling), true)
 }

@@ -35,6 +35,18 @@ func (e *engine) second(n, prompt, cached int, prefill, waiting float64) Observa
 	return e.obs
 }
 
+// timed advances one second of an engine that counts no requests but
+// times its own prefills (llama.cpp): prompt tokens (cached of them) whose
+// prefill took busy seconds.
+func (e *engine) timed(prompt, cached int, busy float64) Observation {
+	e.t = e.t.Add(time.Second)
+	e.obs.Time = e.t
+	e.obs.PromptTokens += float64(prompt)
+	e.obs.CachedTokens += float64(cached)
+	e.obs.PrefillTime += busy
+	return e.obs
+}
+
 func TestEstimator(t *testing.T) {
 	const peak = 20000.0 // tokens/s of the modelled engine
 	tests := []struct {
@@ -100,6 +112,29 @@ func TestEstimator(t *testing.T) {
 				observe(e.second(1, 1500, 0, 1, 2))
 			}
 		}, DefaultRate / 4, 0, true},
+		{"a CPU engine timing its own prefills, far below the floor", func(e *engine, observe func(Observation)) {
+			// 243 tokens/s (llama.cpp with one thread): a 2,000-token
+			// prompt every 10 s, busy 8.2 s of them.
+			for i := range 300 {
+				if i%10 == 0 {
+					observe(e.timed(2000, 0, 2000.0/243))
+				} else {
+					observe(e.timed(0, 0, 0))
+				}
+			}
+		}, 243, 0.01, true},
+		{"a timed engine calibrates at its first long prompt", func(e *engine, observe func(Observation)) {
+			// Three seconds, one 1,200-token prompt: no 10 s window needed.
+			observe(e.timed(0, 0, 0))
+			observe(e.timed(1200, 0, 1200.0/243))
+			observe(e.timed(0, 0, 0))
+		}, 243, 0.01, true},
+		{"a timed engine serving cache hits only", func(e *engine, observe func(Observation)) {
+			// A handful of uncached tokens per request: too few to say.
+			for range 300 {
+				observe(e.timed(2000, 1990, 10.0/243))
+			}
+		}, DefaultRate, 0, false},
 		{"restarts and bad scrapes", func(e *engine, observe func(Observation)) {
 			for i := range 300 {
 				o := e.second(4, 5000, 0, 3*5000/peak, 4)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -25,15 +26,20 @@ const (
 	KindUnknown Kind = iota
 	KindVLLM
 	KindSGLang
+	// KindLlamaCpp is llama.cpp's llama-server, started with --metrics.
+	KindLlamaCpp
 )
 
-// String returns the kind as a label value: vllm, sglang or unknown.
+// String returns the kind as a label value: vllm, sglang, llamacpp or
+// unknown.
 func (k Kind) String() string {
 	switch k {
 	case KindVLLM:
 		return "vllm"
 	case KindSGLang:
 		return "sglang"
+	case KindLlamaCpp:
+		return "llamacpp"
 	}
 	return "unknown"
 }
@@ -61,6 +67,9 @@ type Metrics struct {
 	Requests       float64 // requests past their first token
 	PrefillSeconds float64 // Σ per-request prefill time (vLLM only)
 	PrefillCount   float64
+	// PrefillTime is the time the engine spent prefilling, as it times
+	// itself (llama.cpp only).
+	PrefillTime float64
 	// ITLSeconds over ITLCount is the mean inter-token latency, for the
 	// latency model's decode fit.
 	ITLSeconds, ITLCount float64
@@ -70,13 +79,13 @@ type Metrics struct {
 func (m *Metrics) Observation(t time.Time) calibrate.Observation {
 	return calibrate.Observation{
 		Time: t, PromptTokens: m.PromptTokens, CachedTokens: m.CachedTokens, Requests: m.Requests,
-		PrefillSeconds: m.PrefillSeconds, PrefillCount: m.PrefillCount, Waiting: float64(m.Waiting),
+		PrefillSeconds: m.PrefillSeconds, PrefillCount: m.PrefillCount, PrefillTime: m.PrefillTime, Waiting: float64(m.Waiting),
 	}
 }
 
-// Parse reads a Prometheus text-format page from a vLLM or SGLang engine.
-// It fails on a page that does not parse or carries neither engine's load
-// metrics.
+// Parse reads a Prometheus text-format page from a vLLM, SGLang or
+// llama.cpp engine. It fails on a page that does not parse or carries none
+// of their load metrics.
 func Parse(text []byte) (Metrics, error) { return parse(filter(text)) }
 
 // parse is Parse without the filter.
@@ -97,8 +106,11 @@ func parse(text []byte) (Metrics, error) {
 	case pg.has("sglang:num_running_reqs"):
 		m.Kind = KindSGLang
 		pg.sglang(&m)
+	case pg.has("llamacpp:requests_processing"):
+		m.Kind = KindLlamaCpp
+		pg.llamacpp(&m)
 	default:
-		return Metrics{}, errors.New("no vLLM or SGLang load metrics on the page")
+		return Metrics{}, errors.New("no vLLM, SGLang or llama.cpp load metrics on the page")
 	}
 	return m, nil
 }
@@ -114,12 +126,15 @@ func init() {
 		"vllm:inter_token_latency_seconds",
 		"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
 		"sglang:cache_config_info", "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+		"llamacpp:requests_processing", "llamacpp:requests_deferred",
 	} {
 		families[name] = true
 	}
 	for _, name := range []string{
 		"vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_hits",
 		"sglang:realtime_tokens", "sglang:prompt_tokens", "sglang:cached_tokens",
+		"llamacpp:prompt_tokens", "llamacpp:prompt_tokens_cached", "llamacpp:prompt_seconds",
+		"llamacpp:tokens_predicted", "llamacpp:tokens_predicted_seconds",
 	} {
 		families[name], families[name+"_total"] = true, true
 	}
@@ -215,6 +230,23 @@ func (p page) sglang(m *Metrics) {
 	}
 	_, m.Requests = p.histogram("sglang:time_to_first_token_seconds")
 	m.ITLSeconds, m.ITLCount = p.histogram("sglang:inter_token_latency_seconds")
+}
+
+// llamacpp reads llama-server's page. It counts prompt tokens without the
+// cached ones, and times its prefills and its generated tokens itself;
+// its cache size is in /props, not here (see fetchProps).
+func (p page) llamacpp(m *Metrics) {
+	m.Cores = 1
+	m.Running = count(p.sum("llamacpp:requests_processing", nil))
+	m.Waiting = count(p.sum("llamacpp:requests_deferred", nil))
+	m.CachedTokens = p.counter("llamacpp:prompt_tokens_cached")
+	m.PromptTokens = p.counter("llamacpp:prompt_tokens") + m.CachedTokens
+	m.PrefillTime = p.counter("llamacpp:prompt_seconds")
+	// Seconds spent generating over tokens generated: the mean time per
+	// output token, which is what the decode fit reads from vLLM's
+	// inter-token histogram.
+	m.ITLSeconds = p.counter("llamacpp:tokens_predicted_seconds")
+	m.ITLCount = p.counter("llamacpp:tokens_predicted")
 }
 
 // cacheInfo reads an info gauge's block size and block count labels per
@@ -413,4 +445,38 @@ func parseModels(body []byte) (models, adapters []string, err error) {
 		return nil, nil, errors.New("models list names no base model")
 	}
 	return models, adapters, nil
+}
+
+// parseProps reads the KV cache's size in tokens from a llama-server's
+// /props: total_slots slots of default_generation_settings.n_ctx tokens
+// each. Each slot keeps the prompt it last served, and a new request
+// reuses the slot whose prompt shares the most with it.
+func parseProps(body []byte) (int, error) {
+	var props struct {
+		Slots    int `json:"total_slots"`
+		Settings struct {
+			Context int `json:"n_ctx"`
+		} `json:"default_generation_settings"`
+	}
+	if err := json.Unmarshal(body, &props); err != nil {
+		return 0, fmt.Errorf("props: %w", err)
+	}
+	if props.Slots <= 0 || props.Settings.Context <= 0 || props.Slots > math.MaxInt32/props.Settings.Context {
+		return 0, fmt.Errorf("props: %d slots of %d tokens is not a cache size", props.Slots, props.Settings.Context)
+	}
+	return props.Slots * props.Settings.Context, nil
+}
+
+// excerpt returns the start of an error answer's body, on one line.
+func excerpt(body []byte) string {
+	const n = 160
+	s := strings.Join(strings.Fields(string(body)), " ")
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

@@ -1,6 +1,7 @@
 package scrape
 
 import (
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -154,6 +155,57 @@ vllm:num_requests_running{engine="1"} 1e300
 	}
 }
 
+// llamaCppPage is llama-server's /metrics (--metrics) while it served two
+// requests and held a third, after two earlier ones whose prompts shared
+// all but two tokens.
+func llamaCppPage(t testing.TB) []byte {
+	b, err := os.ReadFile("testdata/llamacpp-metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestParseLlamaCpp(t *testing.T) {
+	got, err := Parse(llamaCppPage(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// prompt_tokens_total leaves the cached tokens out; the cache size
+	// comes from /props, not from this page.
+	want := Metrics{Kind: KindLlamaCpp, Cores: 1, Running: 2, PromptTokens: 1959 + 1955, CachedTokens: 1955,
+		PrefillTime: 8.07664, ITLSeconds: 0.867348, ITLCount: 32}
+	if got != want {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	checkFilter(t, llamaCppPage(t))
+}
+
+func TestParseProps(t *testing.T) {
+	real, err := os.ReadFile("testdata/llamacpp-props.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		body    string
+		tokens  int
+		wantErr bool
+	}{
+		{string(real), 2 * 4096, false},
+		{`{"total_slots":4,"default_generation_settings":{"n_ctx":32768}}`, 4 * 32768, false},
+		{`{"total_slots":0,"default_generation_settings":{"n_ctx":4096}}`, 0, true},
+		{`{"total_slots":2}`, 0, true},
+		{`{"total_slots":65536,"default_generation_settings":{"n_ctx":65536}}`, 0, true},
+		{`<html>`, 0, true},
+	}
+	for _, tt := range tests {
+		tokens, err := parseProps([]byte(tt.body))
+		if (err != nil) != tt.wantErr || tokens != tt.tokens {
+			t.Errorf("parseProps(%.60q) = %d, %v; want %d", tt.body, tokens, err, tt.tokens)
+		}
+	}
+}
+
 // TestFilterKeepsWhatParseReads parses pages with and without the filter
 // that drops the lines Parse does not read.
 func TestFilterKeepsWhatParseReads(t *testing.T) {
@@ -178,6 +230,7 @@ func checkFilter(t *testing.T, page []byte) {
 }
 
 func FuzzParse(f *testing.F) {
+	f.Add(llamaCppPage(f))
 	for _, s := range []string{vllmTwoEngines, sglangTP2, "vllm:num_requests_running 1\n", "# TYPE vllm:num_requests_running gauge\n{\"vllm:num_requests_running\"} 2\n"} {
 		f.Add([]byte(s))
 	}

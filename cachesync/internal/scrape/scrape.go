@@ -114,6 +114,7 @@ func (s State) EndpointInfo() snapshot.EndpointInfo {
 		Waiting:      s.Waiting,
 		KVCacheUsage: s.KVCacheUsage,
 		PrefillRate:  s.Rate.TokensPerSecond,
+		LoadAt:       s.Scraped,
 	}
 }
 
@@ -282,6 +283,9 @@ type poller struct {
 	est           *calibrate.Estimator
 	modelsAt      time.Time
 	modelsFailing bool
+	// cacheTokens is a llama.cpp engine's KV cache in tokens, from its
+	// /props, read with its models: its metrics do not say.
+	cacheTokens int
 
 	state State // guarded by s.mu
 }
@@ -322,6 +326,9 @@ func (p *poller) scrape(ctx context.Context) {
 	var modelsErr error
 	if err == nil && (st.Models == nil || st.Health != snapshot.HealthHealthy || at.Sub(p.modelsAt) >= s.cfg.ModelsInterval) {
 		models, adapters, modelsErr = p.fetchModels(ctx)
+		if modelsErr == nil && m.Kind == KindLlamaCpp {
+			p.cacheTokens, modelsErr = p.fetchProps(ctx)
+		}
 	}
 	<-s.sem
 	if ctx.Err() != nil {
@@ -357,6 +364,9 @@ func (p *poller) scrape(ctx context.Context) {
 	st.Kind = m.Kind
 	st.Running, st.Waiting, st.KVCacheUsage = m.Running, m.Waiting, m.KVCacheUsage
 	st.BlockSize, st.NumBlocks, st.KVCapacity = m.BlockSize, m.NumBlocks, m.KVCapacity
+	if m.Kind == KindLlamaCpp {
+		st.KVCapacity = p.cacheTokens
+	}
 	st.Rate = p.est.Rate()
 	st.Served = m.Requests
 	st.ITLSeconds, st.ITLCount = m.ITLSeconds, m.ITLCount
@@ -415,7 +425,9 @@ func (p *poller) get(ctx context.Context, path, accept string) ([]byte, error) {
 	case err != nil:
 		return nil, fmt.Errorf("GET %s: %w", path, err)
 	case resp.StatusCode != http.StatusOK:
-		return nil, fmt.Errorf("GET %s: %s", path, resp.Status)
+		// The body often says what to fix (llama-server: "Start it with
+		// `--metrics`").
+		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, excerpt(body))
 	case len(body) > maxBody:
 		return nil, fmt.Errorf("GET %s: response over %d bytes", path, maxBody)
 	}
@@ -434,6 +446,16 @@ func (p *poller) fetchMetrics(ctx context.Context) (Metrics, error) {
 		return Metrics{}, fmt.Errorf("GET /metrics: %w", err)
 	}
 	return m, nil
+}
+
+// fetchProps reads a llama-server's /props: its slots, and the context
+// each slot holds, which together are its KV cache in tokens.
+func (p *poller) fetchProps(ctx context.Context) (int, error) {
+	body, err := p.get(ctx, "/props", "application/json")
+	if err != nil {
+		return 0, err
+	}
+	return parseProps(body)
 }
 
 func (p *poller) fetchModels(ctx context.Context) ([]string, []string, error) {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -329,4 +330,53 @@ type countedBody struct {
 func (b *countedBody) Close() error {
 	b.leave()
 	return b.ReadCloser.Close()
+}
+
+// TestLlamaCppEngine scrapes a fake llama-server serving the pages a real
+// one served: its kind from the metric names, its KV cache from /props
+// (two slots of 4,096 tokens), and what it says when it was started
+// without --metrics.
+func TestLlamaCppEngine(t *testing.T) {
+	page := llamaCppPage(t)
+	props, err := os.ReadFile("testdata/llamacpp-props.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var metricsOff atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			if metricsOff.Load() {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotImplemented)
+				fmt.Fprint(w, `{"error":{"code":501,"message":"This server does not support metrics endpoint. Start it with `+"`--metrics`"+`","type":"not_supported_error"}}`)
+				return
+			}
+			w.Write(page)
+		case "/props":
+			w.Write(props)
+		case "/v1/models":
+			fmt.Fprint(w, `{"models":[{"name":"gemma-3-270m"}],"object":"list","data":[{"id":"gemma-3-270m","object":"model","owned_by":"llamacpp"}]}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	s, _ := startScraper(t, Config{Interval: 5 * time.Millisecond, Timeout: 100 * time.Millisecond, Misses: 2})
+	s.Set([]string{addr})
+	waitFor(t, "healthy", func() bool { st, _ := s.State(addr); return st.Health == snapshot.HealthHealthy })
+	st, _ := s.State(addr)
+	if st.Kind != KindLlamaCpp || st.KVCapacity != 8192 || st.Running != 2 || !reflect.DeepEqual(st.Models, []string{"gemma-3-270m"}) {
+		t.Errorf("state %+v: want a llama.cpp engine of 8,192 cache tokens running 2, serving gemma-3-270m", st)
+	}
+	if st.Prefilled != 1959 {
+		t.Errorf("prefilled %v tokens, want 1,959 (prompt_tokens_total leaves the cached ones out)", st.Prefilled)
+	}
+
+	metricsOff.Store(true)
+	waitFor(t, "unhealthy", func() bool { st, _ := s.State(addr); return st.Health == snapshot.HealthUnhealthy })
+	if st, _ := s.State(addr); !strings.Contains(st.Err, "Start it with `--metrics`") {
+		t.Errorf("error %q does not pass on what to fix", st.Err)
+	}
 }

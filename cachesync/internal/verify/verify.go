@@ -59,8 +59,8 @@ func mustProbes() []Probe {
 // checked, which is not the same as disagreeing.
 var ErrUnsupported = errors.New("verify: engine does not tokenize chat messages")
 
-// maxResponse bounds a /tokenize answer: the probes are a few hundred
-// tokens each.
+// maxResponse bounds an engine's answer to one probe: the probes are a few
+// hundred tokens each.
 const maxResponse = 1 << 20
 
 // Rendering is what an engine made of the probe set.
@@ -73,6 +73,10 @@ type Rendering struct {
 	// where the engine refused the probe (Refused says why).
 	Texts   [][]byte
 	Refused []string
+	// NoBOS: the engine leaves the BOS a template prints out of its text,
+	// since its tokenizer adds the token (llama.cpp); Compare leaves it
+	// out of kvroute's render too.
+	NoBOS bool
 }
 
 // Fetch has the engine at baseURL (http://host:port) render every probe for
@@ -81,13 +85,62 @@ type Rendering struct {
 // Any other failure is returned, wrapped; ErrUnsupported when the engine
 // serves no chat /tokenize.
 func Fetch(ctx context.Context, client *http.Client, baseURL, model string, v *vocab.Vocab) (*Rendering, error) {
+	return fetch(ctx, model, func(body []byte) ([]byte, string, error) {
+		ids, refused, err := tokenize(ctx, client, baseURL+"/tokenize", body)
+		if err != nil || refused != "" {
+			return nil, refused, err
+		}
+		text, _, err := v.Append(nil, v.Start(), ids)
+		if err != nil {
+			return nil, "", fmt.Errorf("decoding the engine's tokens: %w", err)
+		}
+		return text, "", nil
+	})
+}
+
+// FetchApplied is Fetch for an engine that renders chat prompts to text for
+// the asking: llama.cpp's POST /apply-template, which runs the model's
+// template through its own Jinja engine and answers with the prompt it
+// would tokenize. No vocabulary is involved, so it needs none.
+//
+// llama.cpp strips the model's BOS from the front of the text, since its
+// tokenizer adds it (NoBOS). By default (--prefill-assistant) it also
+// leaves a final assistant message open for the model to continue, where
+// vLLM closes it; the probe ending with one then differs, as requests
+// ending so would.
+func FetchApplied(ctx context.Context, client *http.Client, baseURL, model string) (*Rendering, error) {
+	r, err := fetch(ctx, model, func(body []byte) ([]byte, string, error) {
+		data, refused, err := post(ctx, client, baseURL+"/apply-template", body)
+		if err != nil || refused != "" {
+			return nil, refused, err
+		}
+		var out struct {
+			Prompt *string `json:"prompt"`
+		}
+		if err := json.Unmarshal(data, &out); err != nil {
+			return nil, "", fmt.Errorf("/apply-template answer: %w", err)
+		}
+		if out.Prompt == nil {
+			return nil, "", ErrUnsupported
+		}
+		return []byte(*out.Prompt), "", nil
+	})
+	if r != nil {
+		r.NoBOS = true
+	}
+	return r, err
+}
+
+// fetch renders every probe for model with render, which is handed the
+// request body and returns the engine's text or its refusal.
+func fetch(ctx context.Context, model string, render func(body []byte) (text []byte, refused string, err error)) (*Rendering, error) {
 	r := &Rendering{Model: model, At: time.Now(), Texts: make([][]byte, len(Probes)), Refused: make([]string, len(Probes))}
 	modelJSON, _ := json.Marshal(model)
 	for i, p := range Probes {
 		body := make([]byte, 0, len(p.Body)+len(modelJSON)+16)
 		body = append(append(append(body, `{"model":`...), modelJSON...), ',')
 		body = append(body, bytes.TrimSpace(p.Body)[1:]...)
-		ids, refused, err := tokenize(ctx, client, baseURL+"/tokenize", body)
+		text, refused, err := render(body)
 		if err != nil {
 			return nil, fmt.Errorf("verify: probe %s: %w", p.Name, err)
 		}
@@ -95,11 +148,10 @@ func Fetch(ctx context.Context, client *http.Client, baseURL, model string, v *v
 			r.Refused[i] = refused
 			continue
 		}
-		text, _, err := v.Append(nil, v.Start(), ids)
-		if err != nil {
-			return nil, fmt.Errorf("verify: probe %s: decoding the engine's tokens: %w", p.Name, err)
-		}
 		r.Texts[i] = text
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	if y, m, d := r.At.UTC().Date(); !sameDay(time.Now().UTC(), y, m, d) {
 		// Some probes have one date and some the next: no template
@@ -114,9 +166,31 @@ func sameDay(t time.Time, y int, m time.Month, d int) bool {
 	return ty == y && tm == m && td == d
 }
 
-// tokenize posts one probe; refused is the engine's complaint about a
-// request it rejected as a client error.
+// tokenize posts one probe to a /tokenize; refused is the engine's
+// complaint about a request it rejected as a client error.
 func tokenize(ctx context.Context, client *http.Client, url string, body []byte) (ids []uint32, refused string, err error) {
+	data, refused, err := post(ctx, client, url, body)
+	if err != nil || refused != "" {
+		return nil, refused, err
+	}
+	var out struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, "", fmt.Errorf("/tokenize answer: %w", err)
+	}
+	if len(out.Tokens) == 0 {
+		// llama.cpp answers a /tokenize of messages with no tokens: it
+		// tokenizes only "content".
+		return nil, "", ErrUnsupported
+	}
+	return out.Tokens, "", nil
+}
+
+// post sends one probe and returns the answer; refused is the engine's
+// complaint about a request it rejected as a client error, and
+// ErrUnsupported means it serves no such path.
+func post(ctx context.Context, client *http.Client, url string, body []byte) (data []byte, refused string, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, "", err
@@ -127,9 +201,10 @@ func tokenize(ctx context.Context, client *http.Client, url string, body []byte)
 		return nil, "", err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+	path := req.URL.Path
+	data, err = io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
 	if err != nil {
-		return nil, "", fmt.Errorf("reading /tokenize: %w", err)
+		return nil, "", fmt.Errorf("reading %s: %w", path, err)
 	}
 	switch {
 	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
@@ -137,20 +212,11 @@ func tokenize(ctx context.Context, client *http.Client, url string, body []byte)
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
 		return nil, excerpt(data, 0, 120), nil
 	case resp.StatusCode != http.StatusOK:
-		return nil, "", fmt.Errorf("/tokenize: %s", resp.Status)
+		return nil, "", fmt.Errorf("%s: %s", path, resp.Status)
 	case len(data) > maxResponse:
-		return nil, "", fmt.Errorf("/tokenize: answer over %d bytes", maxResponse)
+		return nil, "", fmt.Errorf("%s: answer over %d bytes", path, maxResponse)
 	}
-	var out struct {
-		Tokens []uint32 `json:"tokens"`
-	}
-	if err := json.Unmarshal(data, &out); err != nil {
-		return nil, "", fmt.Errorf("/tokenize answer: %w", err)
-	}
-	if out.Tokens == nil {
-		return nil, "", ErrUnsupported
-	}
-	return out.Tokens, "", nil
+	return data, "", nil
 }
 
 // Agreement is how one template's renders compare with an engine's.
@@ -204,15 +270,18 @@ func Compare(r *Rendering, t prompt.Template) Agreement {
 		}
 		buf = pr.Text
 		a.Compared++
-		engine := r.Texts[i]
-		if bytes.Equal(engine, pr.Text) {
+		engine, text := r.Texts[i], pr.Text
+		if bos := t.BOS(); r.NoBOS && bos != "" && bytes.HasPrefix(text, []byte(bos)) && !bytes.HasPrefix(engine, []byte(bos)) {
+			text = text[len(bos):]
+		}
+		if bytes.Equal(engine, text) {
 			a.Exact++
 			continue
 		}
 		if a.Probe == "" {
-			n := commonPrefix(engine, pr.Text)
+			n := commonPrefix(engine, text)
 			a.Probe, a.Common = p.Name, n
-			a.Engine, a.Rendered = excerpt(engine, n, 32), excerpt(pr.Text, n, 32)
+			a.Engine, a.Rendered = excerpt(engine, n, 32), excerpt(text, n, 32)
 		}
 	}
 	return a

@@ -3,6 +3,8 @@ package verify
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -174,6 +176,75 @@ func TestProbesArePinnedToJinja2(t *testing.T) {
 		}
 		if err := json.Unmarshal([]byte(body), &got); err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("probe %s differs from its reference render's body: run shared/prompt/testdata/render_reference.py", p.Name)
+		}
+	}
+}
+
+// TestFetchApplied reads llama.cpp's /apply-template answers: the text
+// itself, a refusal, or no such path.
+func TestFetchApplied(t *testing.T) {
+	// The engine answers with what the ChatML template renders, so the
+	// rendering must agree with ChatML and only with it (among those
+	// that render every probe differently).
+	var rd prompt.Renderer
+	chatml := func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		p, err := rd.Render(nil, body, prompt.ChatML)
+		if err != nil {
+			http.Error(w, `{"error":{"code":400,"message":"`+err.Error()+`"}}`, http.StatusBadRequest)
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]string{"prompt": string(p.Text)})
+	}
+	srv := httptest.NewServer(http.HandlerFunc(chatml))
+	defer srv.Close()
+	r, err := FetchApplied(context.Background(), srv.Client(), srv.URL, "gemma-3-270m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := Compare(r, prompt.ChatML); !a.Agrees() || a.Compared < len(Probes)-1 {
+		t.Errorf("ChatML: %v", a)
+	}
+	if a := Compare(r, prompt.Llama3); !a.Disagrees() {
+		t.Errorf("Llama 3: %v, want a disagreement", a)
+	}
+
+	// llama.cpp leaves the BOS out of the text (its tokenizer adds the
+	// token): Gemma's "<bos>" must not count as a difference, and nothing
+	// else may be forgiven with it.
+	gemma := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		p, err := rd.Render(nil, body, prompt.Gemma)
+		if err != nil {
+			http.Error(w, `{"error":{"code":400}}`, http.StatusBadRequest)
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]string{"prompt": strings.TrimPrefix(string(p.Text), "<bos>")})
+	}))
+	defer gemma.Close()
+	if r, err = FetchApplied(context.Background(), gemma.Client(), gemma.URL, "gemma-3-270m"); err != nil {
+		t.Fatal(err)
+	}
+	if a := Compare(r, prompt.Gemma); !a.Agrees() {
+		t.Errorf("Gemma without its BOS: %v", a)
+	}
+	if a := Compare(r, prompt.ChatML); !a.Disagrees() {
+		t.Errorf("ChatML against a Gemma engine: %v", a)
+	}
+	r.NoBOS = false
+	if a := Compare(r, prompt.Gemma); !a.Disagrees() || a.Common != len("<") {
+		t.Errorf("Gemma without its BOS, from an engine that keeps it: %v", a)
+	}
+
+	for name, h := range map[string]http.HandlerFunc{
+		"no apply-template": http.NotFound,
+		"no prompt":         func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"tokens":[]}`)) },
+	} {
+		srv := httptest.NewServer(h)
+		_, err := FetchApplied(context.Background(), srv.Client(), srv.URL, "m")
+		srv.Close()
+		if !errors.Is(err, ErrUnsupported) {
+			t.Errorf("%s: err %v, want ErrUnsupported", name, err)
 		}
 	}
 }
