@@ -338,6 +338,16 @@ func (d *Daemon) applyScrape(ctx context.Context, st scrape.State) {
 			d.models.itl(st.Addr, float64(st.Running+prev.Running)/2, mean)
 		}
 	}
+	if prev := e.last; e.scraped && st.Health == snapshot.HealthHealthy &&
+		(st.Prefilled < prev.Prefilled || st.Served < prev.Served || st.ITLCount < prev.ITLCount) {
+		// Counters since the engine started went backwards: it started
+		// again, with an empty cache. Reports taught the index what it
+		// held before (events say so themselves).
+		d.log.Info("engine restarted", "engine", st.Addr)
+		if err := d.ix.Restarted(st.Addr); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
+			d.log.Warn("forget a restarted engine's entries", "engine", st.Addr, "err", err)
+		}
+	}
 	e.last, e.scraped = st, true
 	if st.KVCapacity > 0 {
 		e.capacity = approx.Sizing{BytesPerToken: d.cfg.BytesPerToken, BlockBytes: d.cfg.Hash.BlockSize}.Blocks(int64(st.KVCapacity))

@@ -279,6 +279,28 @@ func TestApproximateIndexFromReports(t *testing.T) {
 		f.sync()
 		return f.holds(es[1].Addr(), hashes) == len(hashes)
 	})
+
+	// The engine serves a request, then restarts with an empty cache:
+	// its counters going back to zero must empty its entries, which
+	// no event would.
+	resp, err := http.Post(es[1].URL()+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"`+model+`","prompt":"hello there","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	eventually(t, "cachesync to see the request served", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.engines[es[1].Addr()].last.Served >= 1
+	})
+	if err := es[1].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the restarted engine's entries to go", func() bool {
+		f.sync()
+		return f.holds(es[1].Addr(), hashes) == 0
+	})
 }
 
 func TestConfigFromFlagsAndEnvironment(t *testing.T) {

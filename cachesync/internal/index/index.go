@@ -306,7 +306,7 @@ func sameInfo(a, b *snapshot.EndpointInfo) bool {
 	return a.Addr == b.Addr && slices.Equal(a.Models, b.Models) && slices.Equal(a.Adapters, b.Adapters) &&
 		a.Health == b.Health && a.Running == b.Running && a.Waiting == b.Waiting &&
 		a.KVCacheUsage == b.KVCacheUsage && a.PrefillTokens == b.PrefillTokens &&
-		a.PrefillRate == b.PrefillRate &&
+		a.PrefillRate == b.PrefillRate && a.Template == b.Template && a.LoadAt.Equal(b.LoadAt) &&
 		a.IndexCapacity == b.IndexCapacity && a.Model == b.Model
 }
 
@@ -391,6 +391,27 @@ func (x *Index) SetMode(addr string, m Mode) error {
 	ep.mode = m
 	x.touched()
 	x.log.Info("endpoint mode", "endpoint", addr, "mode", m.String())
+	return nil
+}
+
+// Restarted empties an approximate endpoint's entries: its engine started
+// again with an empty cache, and nothing but its counters says so (a
+// precise endpoint's own events clear it). Precise endpoints are left as
+// they are.
+func (x *Index) Restarted(addr string) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ep, err := x.lookup(addr)
+	if err != nil || ep.mode != Approximate {
+		return err
+	}
+	x.applyReports()
+	x.approx.Forget(ep.slot)
+	x.b.ClearEndpoint(ep.slot)
+	if _, err := x.approx.SetCapacity(ep.slot, ep.capacity, x.b); err != nil {
+		return err
+	}
+	x.touched()
 	return nil
 }
 

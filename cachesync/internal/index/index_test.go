@@ -704,3 +704,37 @@ func TestOutcomesGoToTheHook(t *testing.T) {
 		}
 	}
 }
+
+// TestRestarted: an approximate endpoint whose engine restarted forgets
+// what reports taught it, keeps its capacity, and learns again; the other
+// endpoints, and a precise one's events, are left alone.
+func TestRestarted(t *testing.T) {
+	x := newIndex(t, Config{DefaultCapacity: 4})
+	addEndpoints(t, x, 3, Approximate)
+	if err := x.SetMode(addr(2), Precise); err != nil {
+		t.Fatal(err)
+	}
+	sink(t, x, addr(2)).Add(H(9), snapshot.TierGPU)
+	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(1, 2)}, report.Record{Endpoint: addr(1), Hashes: hs(1)}))
+	x.Publish()
+	for _, a := range []string{addr(0), addr(2)} {
+		if err := x.Restarted(a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := state{H(1): {addr(1): snapshot.TierGPU}, H(9): {addr(2): snapshot.TierGPU}}
+	if got := read(t, x.Publish(), hs(1, 2, 9)); !equalState(got, want) {
+		t.Fatalf("after the restart: got %v, want %v", got, want)
+	}
+	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(3, 4, 5, 6, 7)}))
+	// A prompt longer than the capacity keeps its head.
+	for _, h := range hs(3, 4, 5, 6) {
+		want[h] = map[string]snapshot.Tier{addr(0): snapshot.TierGPU}
+	}
+	if got := read(t, x.Publish(), hs(1, 2, 3, 4, 5, 6, 7, 9)); !equalState(got, want) {
+		t.Fatalf("learning again, capacity 4: got %v, want %v", got, want)
+	}
+	if err := x.Restarted("nowhere:1"); err == nil {
+		t.Fatal("Restarted accepted an unknown endpoint")
+	}
+}
