@@ -27,6 +27,7 @@ type loadTracker struct {
 	local    []policy.Local
 	placed   placements
 	sessions sessions
+	hist     history
 }
 
 func newLoadTracker(vm uint64, ttl, sessionTTL time.Duration) loadTracker {
@@ -42,6 +43,16 @@ func endpointHash(addr string) uint64 { return xxhash.Sum64String(addr) }
 func (t *loadTracker) change(endpoint uint64, d inflight.Counts) {
 	now := time.Now().UnixMilli()
 	t.stored.update(&t.table, func() { t.table.Update(t.vm, now, t.ttl.Milliseconds(), endpoint, d) })
+}
+
+// sample records what the gateway has in flight at this tick, as the
+// heartbeat just read it, and works out for each endpoint of m (nil: no
+// snapshot) what it had when cachesync read the engine's load.
+func (t *loadTracker) sample(now time.Time, m *snapshot.Manifest, tick time.Duration) {
+	t.hist.record(now, &t.table, t.ttl)
+	if m != nil {
+		t.hist.rebase(m, tick)
+	}
 }
 
 // locals returns the gateway's load per slot of the view's endpoint table,
@@ -69,6 +80,11 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) 
 	if session != 0 {
 		if ep, ok := t.sessions.lookup(session); ok {
 			t.addPlaced(ep, len(hashes))
+		}
+	}
+	for i := range t.local {
+		if n := t.hist.atLoadOf(t.gen, i); n >= 0 {
+			t.local[i].AtLoad, t.local[i].AtLoadKnown = n, true
 		}
 	}
 	if !t.stored.load(&t.table) {

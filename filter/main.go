@@ -85,6 +85,7 @@ func (p *pluginContext) OnTick() {
 	now := time.Now()
 	p.sync.tick(now)
 	p.load.change(0, inflight.Counts{})
+	p.load.sample(now, p.sync.view.Manifest(), p.cfg.syncInterval)
 	for id, h := range p.held {
 		if now.Sub(h.heldSince) < p.cfg.holdTimeout {
 			continue

@@ -172,6 +172,14 @@ func Tokens(n int, m *snapshot.Manifest) int {
 type Local struct {
 	PrefillTokens int64 // uncached prompt tokens of requests not yet past their first token
 	Requests      int64 // requests not yet finished
+	// AtLoad is how many requests this gateway had in flight at the
+	// endpoint when the snapshot's load figures were read (its engine's
+	// running and waiting requests, as of cachesync's last scrape), if
+	// AtLoadKnown. The rest of the engine's count is other gateways' load,
+	// to which the policy adds Requests, this gateway's as of now. Not
+	// known, the engine's count and Requests are taken as overlapping.
+	AtLoad      int64
+	AtLoadKnown bool
 	// Blocks is how many of this request's leading blocks the endpoint
 	// will hold once the prefills this gateway recently sent it are done:
 	// the snapshot shows them only a prefill and a sync later, and a

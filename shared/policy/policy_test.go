@@ -189,6 +189,18 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
+			name: "the same batch, as scraped, were this gateway's requests and have finished: the cache wins",
+			eps:  []ep{{info: withRunning(healthy(0), 300), blocks: promptBlocks, gpu: promptBlocks}, cold(0)},
+			req:  Request{OutputTokens: 4000, Local: []Local{{AtLoad: 300, AtLoadKnown: true}}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			name: "other gateways' share of a scraped batch still counts, and this gateway's own as of now",
+			eps:  []ep{{info: withRunning(healthy(0), 300), blocks: promptBlocks, gpu: promptBlocks}, cold(0)},
+			req:  Request{OutputTokens: 4000, Local: []Local{{AtLoad: 150, AtLoadKnown: true, Requests: 150}}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
 			name: "placement by cache room when nothing else differs",
 			eps:  []ep{{info: withCapacity(healthy(0), 10000), other: 9000}, {info: withCapacity(healthy(0), 10000), other: 1000}, {info: withCapacity(healthy(0), 10000), other: 5000}},
 			want: []int{1}, reason: ReasonLeastLoad,

@@ -88,8 +88,17 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	c.f = predict.Features{Uncached: c.uncached, Backlog: float64(local.PrefillTokens), Running: float64(local.Requests)}
 	if !stale {
 		c.f.Backlog += float64(e.PrefillTokens())
-		c.f.Running = max(c.f.Running, float64(e.Running()))
-		c.f.Waiting = float64(e.Waiting())
+		running, waiting := float64(e.Running()), float64(e.Waiting())
+		if local.AtLoadKnown {
+			// The engine's figures are as of its scrape and count this
+			// gateway's requests of then; its own it knows as of now.
+			mine := float64(local.AtLoad)
+			c.f.Running += max(running-mine, 0)
+			c.f.Waiting = max(waiting-max(mine-running, 0), 0)
+		} else {
+			c.f.Running = max(c.f.Running, running)
+			c.f.Waiting = waiting
+		}
 	}
 	rate := e.PrefillRate()
 	if rate <= 0 {

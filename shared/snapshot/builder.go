@@ -47,6 +47,11 @@ type EndpointInfo struct {
 	Waiting       int     // requests queued (vllm:num_requests_waiting)
 	KVCacheUsage  float64 // fraction of KV-cache blocks in use, 0..1
 	PrefillTokens int     // uncached prompt tokens in flight as cachesync estimates them
+	// LoadAt is when Running, Waiting and KVCacheUsage were read from the
+	// engine (its last scrape); zero if not known. A gateway subtracts its
+	// own requests in flight at that moment to tell the others' load from
+	// its own, which it knows as of now.
+	LoadAt time.Time
 
 	// PrefillRate is the endpoint's calibrated prefill throughput in tokens
 	// per second for its model and accelerator; 0 means unknown.

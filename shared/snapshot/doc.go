@@ -95,7 +95,9 @@
 //	24   4     running requests
 //	28   4     waiting requests
 //	32   4     in-flight prefill tokens
-//	36   4     reserved, 0
+//	36   4     age of the load figures (running, waiting, KV-cache usage)
+//	           when the manifest was created, in milliseconds, plus one;
+//	           0 when not known
 //	40   4     KV-cache usage, float32 in [0, 1]
 //	44   4     prefill throughput, tokens/s, float32; 0 unknown
 //	48   4     text blocks the index holds for the endpoint, in any tier

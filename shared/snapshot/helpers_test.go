@@ -134,7 +134,17 @@ func endpointInfo(i int) EndpointInfo {
 		KVCacheUsage:  0.5,
 		PrefillTokens: 1000 * i,
 		PrefillRate:   15928,
+		// Odd endpoints were scraped i quarter-seconds before the build
+		// (at epoch); even ones say nothing.
+		LoadAt: loadAt(i),
 	}
+}
+
+func loadAt(i int) time.Time {
+	if i%2 == 0 {
+		return time.Time{}
+	}
+	return epoch.Add(-time.Duration(i) * 250 * time.Millisecond)
 }
 
 func newBuilder(t testing.TB, cfg BuilderConfig, endpoints int) *Builder {

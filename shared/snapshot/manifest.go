@@ -163,7 +163,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 	r := e.r
 	addrOff, addrLen := uint64(le.Uint32(r[8:])), uint64(le.Uint16(r[12:]))
 	names, idOff := uint64(le.Uint16(r[14:])), uint64(le.Uint32(r[16:]))
-	if r[22]|r[23]|r[36]|r[37]|r[38]|r[39] != 0 || le.Uint64(r[88:]) != 0 || !prompt.Template(r[21]).Known() {
+	if r[22]|r[23] != 0 || le.Uint64(r[88:]) != 0 || !prompt.Template(r[21]).Known() {
 		return false
 	}
 	if addrLen == 0 { // vacant: nothing else may be set
@@ -277,6 +277,17 @@ func (e Endpoint) Waiting() int { return int(le.Uint32(e.r[28:])) }
 // estimates them.
 func (e Endpoint) PrefillTokens() int { return int(le.Uint32(e.r[32:])) }
 
+// LoadAt returns when the engine's running and waiting requests and its
+// KV-cache usage were read (cachesync's last scrape of it), to the
+// millisecond; ok is false when not known.
+func (e Endpoint) LoadAt() (at time.Time, ok bool) {
+	v := le.Uint32(e.r[36:])
+	if v == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, e.m.created).Add(-time.Duration(v-1) * time.Millisecond), true
+}
+
 // KVCacheUsage returns the fraction of KV-cache blocks in use.
 func (e Endpoint) KVCacheUsage() float64 { return float64(math.Float32frombits(le.Uint32(e.r[40:]))) }
 
@@ -351,6 +362,10 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 			le.PutUint32(r[24:], uint32(e.info.Running))
 			le.PutUint32(r[28:], uint32(e.info.Waiting))
 			le.PutUint32(r[32:], uint32(e.info.PrefillTokens))
+			if at := e.info.LoadAt; !at.IsZero() {
+				age := min(max(created.Sub(at).Milliseconds(), 0), math.MaxUint32-1)
+				le.PutUint32(r[36:], uint32(age+1))
+			}
 			le.PutUint32(r[40:], math.Float32bits(float32(e.info.KVCacheUsage)))
 			le.PutUint32(r[44:], math.Float32bits(float32(e.info.PrefillRate)))
 			le.PutUint32(r[48:], uint32(e.held))

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/shared/predict"
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -52,6 +53,12 @@ func TestRoundTrip(t *testing.T) {
 	if e.Addr() != "10.0.0.3:8000" || e.Health() != HealthHealthy || e.Running() != 3 || e.Waiting() != 0 ||
 		e.PrefillTokens() != 3000 || e.KVCacheUsage() != 0.5 || e.PrefillRate() != 15928 || e.Since() != 1 {
 		t.Errorf("endpoint 3 = %s %v %d %d %d %v %v since %d", e.Addr(), e.Health(), e.Running(), e.Waiting(), e.PrefillTokens(), e.KVCacheUsage(), e.PrefillRate(), e.Since())
+	}
+	if at, ok := e.LoadAt(); !ok || !at.Equal(epoch.Add(-750*time.Millisecond)) {
+		t.Errorf("endpoint 3's load read at %v (%v), want 750 ms before the build", at, ok)
+	}
+	if at, ok := man.Endpoint(2).LoadAt(); ok {
+		t.Errorf("endpoint 2's load read at %v, want unknown", at)
 	}
 	llama, qwen, lora := man.Model("meta-llama/Llama-3.1-8B-Instruct"), man.Model("qwen"), man.Model("sql-lora")
 	if llama < 0 || qwen < 0 || lora < 0 || man.Model("gpt-4") != -1 {
