@@ -71,6 +71,14 @@ func startCachesync(t testing.TB, addr string, engines []*vllmsim.Engine, precis
 		}
 		spec = append(spec, s)
 	}
+	return startDaemon(t, addr, spec, precise)
+}
+
+// startDaemon runs cachesync in this process on addr, for the engines of
+// spec (-engines), with the tokenizer the simulator counts with if
+// precise.
+func startDaemon(t testing.TB, addr string, spec []string, precise bool) *runningDaemon {
+	t.Helper()
 	cfg := daemon.Config{
 		Listen: addr, Engines: strings.Join(spec, ","), ReportToken: reportToken,
 		Hash:         blockhash.Config{BlockSize: blockhash.DefaultBlockSize, MaxBlocks: blockhash.DefaultMaxBlocks},
@@ -124,6 +132,12 @@ func cachesyncGateway(t testing.TB, engines []*vllmsim.Engine, cachesync string,
 	for _, e := range engines {
 		addrs = append(addrs, e.Addr())
 	}
+	return cachesyncGatewayFor(t, addrs, cachesync, policy, settings...)
+}
+
+// cachesyncGatewayFor is cachesyncGateway for engines at addrs.
+func cachesyncGatewayFor(t testing.TB, addrs []string, cachesync string, policy map[string]any, settings ...any) *gateway {
+	t.Helper()
 	cfg := gatewayConfig(t, addrs, nil)
 	must(t, cfg.SetEndpoints("cachesync", []string{cachesync}))
 	pc, err := cfg.PluginConfiguration(pluginName)
