@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -39,9 +40,10 @@ const (
 // install is everything the manifests declare, decoded strictly into the
 // API types Istio and Envoy use.
 type install struct {
-	gateways        []*netv1.Gateway
-	virtualServices []*netv1.VirtualService
-	envoyFilters    []*netv1alpha3.EnvoyFilter
+	gateways         []*netv1.Gateway
+	virtualServices  []*netv1.VirtualService
+	destinationRules []*netv1.DestinationRule
+	envoyFilters     []*netv1alpha3.EnvoyFilter
 	// cachesync.yaml's Kubernetes objects.
 	deployments     []*appsv1.Deployment
 	services        []*corev1.Service
@@ -118,6 +120,12 @@ func (in *install) add(doc []byte) error {
 			return err
 		}
 		in.virtualServices = append(in.virtualServices, &vs)
+	case "networking.istio.io/v1 DestinationRule":
+		var dr netv1.DestinationRule
+		if err := decode(doc, &dr, &dr.Spec); err != nil {
+			return err
+		}
+		in.destinationRules = append(in.destinationRules, &dr)
 	case "networking.istio.io/v1alpha3 EnvoyFilter":
 		var ef netv1alpha3.EnvoyFilter
 		if err := decode(doc, &ef, &ef.Spec); err != nil {
@@ -410,4 +418,23 @@ func sameLabels(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestEnginesIdleTimeout: the gateway closes idle connections to the
+// engines before they do (5 s, uvicorn's and cpp-httplib's keep-alive), so
+// no request is sent down a connection the engine is closing.
+func TestEnginesIdleTimeout(t *testing.T) {
+	in := loadInstall(t)
+	_, dest := in.engineRoute(t)
+	if len(in.destinationRules) != 1 {
+		t.Fatalf("%d DestinationRules, want 1", len(in.destinationRules))
+	}
+	dr := in.destinationRules[0]
+	if dr.Spec.GetHost() != dest.GetHost() {
+		t.Errorf("DestinationRule for %q, the route goes to %q", dr.Spec.GetHost(), dest.GetHost())
+	}
+	idle := dr.Spec.GetTrafficPolicy().GetConnectionPool().GetHttp().GetIdleTimeout().AsDuration()
+	if idle <= 0 || idle >= 5*time.Second {
+		t.Errorf("idle timeout %v, want under the engines' 5 s", idle)
+	}
 }

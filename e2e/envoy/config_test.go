@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 const bootstrap = `
@@ -119,5 +120,28 @@ func TestConfigErrors(t *testing.T) {
 		if _, err := ParseConfig([]byte(bad)); err == nil {
 			t.Errorf("ParseConfig(%q) succeeded", bad)
 		}
+	}
+}
+
+// TestShippedIdleTimeout: envoy.yaml closes idle connections to the
+// engines before they do (5 s: uvicorn's and cpp-httplib's keep-alive), so
+// that no request goes down a connection an engine is closing.
+func TestShippedIdleTimeout(t *testing.T) {
+	c, err := LoadConfig("../../envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	engines, err := c.named("clusters", "engines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := object(engines, "typed_extension_protocol_options", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "common_http_protocol_options")
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, _ := opts["idle_timeout"].(string)
+	d, err := time.ParseDuration(idle)
+	if err != nil || d <= 0 || d >= 5*time.Second {
+		t.Errorf("engines idle_timeout %q, want under the engines' 5 s", idle)
 	}
 }
