@@ -114,8 +114,8 @@ $(BENCH_VENVS)/venv-%/.installed:
 
 bench-setup: $(SETUP_STAMP) $(addsuffix /.installed,$(addprefix $(BENCH_VENVS)/venv-,inference-perf smg sglang-router vllm-router))
 
-bench: bench-setup wasm build/cachesync
-	$(GO) run ./e2e/cmd/bench -workloads '$(WORKLOADS)' -arms '$(ARMS)' $(BENCH_FLAGS)
+bench: bench-setup wasm build/cachesync llamacpp
+	KVROUTE_LLAMACPP_DIR=$(LLAMACPP_DIR) $(GO) run ./e2e/cmd/bench -workloads '$(WORKLOADS)' -arms '$(ARMS)' $(BENCH_FLAGS)
 
 bench-quick: bench-setup wasm build/cachesync
 	$(GO) run ./e2e/cmd/bench -quick -out build/bench/quick $(BENCH_FLAGS)

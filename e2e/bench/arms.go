@@ -141,13 +141,15 @@ const decisionLogFormat = "%START_TIME(%s.%3f)% %RESPONSE_CODE% %RESP(X-KVROUTE-
 
 func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tools, *pool, string) (*router, error) {
 	return func(ctx context.Context, t *Tools, p *pool, dir string) (*router, error) {
-		var spec []string
-		for _, e := range p.engines {
-			s := e.Addr()
-			if precise {
-				s += "?events=" + e.EventsEndpoint() + "&replay=" + e.ReplayEndpoint()
+		spec := p.addrs()
+		if precise {
+			engines, err := p.simulated("KV events")
+			if err != nil {
+				return nil, err
 			}
-			spec = append(spec, s)
+			for i, e := range engines {
+				spec[i] += "?events=" + e.EventsEndpoint() + "&replay=" + e.ReplayEndpoint()
+			}
 		}
 		args := []string{"-engines", strings.Join(spec, ","), "-report-token", reportToken, "-scrape-interval", "250ms", "-pending-ttl", "10s", "-log-level", "warn"}
 		if precise {
@@ -257,8 +259,12 @@ func rivalArm(family, sub string, flags ...string) func(context.Context, *Tools,
 // vllmRouterKVArm is vllm-router's kv_aware policy, subscribed to every
 // engine's KV events and replay socket.
 func vllmRouterKVArm(ctx context.Context, t *Tools, p *pool, dir string) (*router, error) {
+	engines, err := p.simulated("KV events")
+	if err != nil {
+		return nil, err
+	}
 	args := []string{"--policy", "kv_aware", "--kv-event-block-size", "16", "--kv-event-model", Model}
-	for _, e := range p.engines {
+	for _, e := range engines {
 		args = append(args, "--kv-event-source", e.URL()+"="+e.EventsEndpoint(), "--kv-event-replay-source", e.URL()+"="+e.ReplayEndpoint())
 	}
 	return startRival(ctx, t, "vllm-router", p, dir, args)
@@ -279,9 +285,7 @@ func startRival(ctx context.Context, t *Tools, family string, p *pool, dir strin
 	}
 	args = append(args, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"--prometheus-host", "127.0.0.1", "--prometheus-port", strconv.Itoa(metrics), "--worker-urls")
-	for _, e := range p.engines {
-		args = append(args, e.URL())
-	}
+	args = append(args, p.urls()...)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	logf, err := os.Create(filepath.Join(dir, family+".log"))
 	if err != nil {

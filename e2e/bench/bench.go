@@ -113,7 +113,12 @@ type WorkloadResult struct {
 	// inference-perf's keys), Family the sweep the workload is a point of.
 	Goodput map[string]float64 `json:"goodput_slo_seconds,omitempty"`
 	Family  string             `json:"family,omitempty"`
-	Arms    []ArmResult        `json:"arms"`
+	// Reference is the kvroute arm the targets are checked on, "" for
+	// kvroute-precise; Engines the real engines' command line, "" for
+	// simulated ones.
+	Reference string      `json:"reference_arm,omitempty"`
+	Engines   string      `json:"engines,omitempty"`
+	Arms      []ArmResult `json:"arms"`
 }
 
 // saturated is how many times the SLO a stage's TTFT p90 may reach before
@@ -138,6 +143,9 @@ type ArmResult struct {
 	HitRate   float64          `json:"hit_rate"`
 	Decisions map[string]int64 `json:"decisions,omitempty"`
 	Wall      float64          `json:"wall_seconds"`
+	// Engines is how its first real engine was started; nil for
+	// simulated ones.
+	Engines []string `json:"engines,omitempty"`
 }
 
 // Stage is one load stage's figures.
@@ -155,8 +163,11 @@ type Stage struct {
 	ITL         dist    `json:"itl_seconds"`
 	Latency     dist    `json:"request_latency_seconds"`
 	// From the engines' own metrics over the stage.
-	HitRate     float64 `json:"prefix_hit_rate"`
-	PerEngine   []int   `json:"requests_per_engine"`
+	HitRate   float64 `json:"prefix_hit_rate"`
+	PerEngine []int   `json:"requests_per_engine"`
+	// PrefilledPerEngine is the prompt tokens each engine computed (not
+	// served from its cache).
+	PrefilledPerEngine []int `json:"prompt_tokens_prefilled_per_engine,omitempty"`
 	Prefilled   float64 `json:"prompt_tokens_prefilled"`
 	Preemptions float64 `json:"preemptions"`
 	// Goodput is the requests per second meeting the workload's goodput
@@ -209,7 +220,8 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		}
 	}
 	for _, w := range o.Workloads {
-		wr := WorkloadResult{Name: w.Name, Description: w.Description, Scaling: w.Scaling, SLOSeconds: w.SLO.Seconds(), Goodput: w.Goodput, Family: w.Family}
+		wr := WorkloadResult{Name: w.Name, Description: w.Description, Scaling: w.Scaling, SLOSeconds: w.SLO.Seconds(), Goodput: w.Goodput, Family: w.Family,
+			Reference: w.Reference}
 		if w.warmups() > 0 {
 			wr.Warmup = fmt.Sprintf("%d s at %g req/s", w.WarmupSeconds, w.WarmupRate)
 		}
@@ -229,6 +241,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 				logf(o.Log, "   done in %.0f s, lag %.1f%%, knee %s", r.Wall, 100*r.Lag, kneeText(r.Knee))
 			}
 			wr.Arms = append(wr.Arms, r)
+			if wr.Engines == "" && r.Engines != nil {
+				wr.Engines = strings.Join(r.Engines, " ")
+			}
 			if err := s.write(o.Out, wr); err != nil {
 				return s, err
 			}
@@ -308,12 +323,13 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 		r.Error = err.Error()
 		return r
 	}
-	p, err := startPool(ctx, o.Engines)
+	p, err := startPool(ctx, o.Engines, w.Engines, dir)
 	if err != nil {
 		r.Error = err.Error()
 		return r
 	}
 	defer p.close()
+	r.Engines = p.command()
 	rt, err := a.start(ctx, &o.Tools, p, dir)
 	if err != nil {
 		r.Error = err.Error()
@@ -357,7 +373,7 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 				after, predAfter = snap, pred
 			}
 		}
-		if _, err := o.Client.run(ctx, w, rt.url, sdir, i, o.StageSeconds, onStage); err != nil {
+		if _, err := o.Client.run(ctx, w, p.model(), rt.url, sdir, i, o.StageSeconds, onStage); err != nil {
 			r.Error = err.Error()
 			return r
 		}
@@ -384,7 +400,10 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 			var sum counters
 			for j := range after {
 				d := after[j].minus(before[j])
-				st.PerEngine = append(st.PerEngine, int(math.Round(d.success)))
+				if p.real == nil {
+					st.PerEngine = append(st.PerEngine, int(math.Round(d.success)))
+				}
+				st.PrefilledPerEngine = append(st.PrefilledPerEngine, int(math.Round(d.queries-d.hits)))
 				sum.hits += d.hits
 				sum.queries += d.queries
 				sum.prompt += d.prompt

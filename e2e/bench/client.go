@@ -33,7 +33,7 @@ var stageLine = regexp.MustCompile(`Stage (\d+) - run (started|completed)`)
 // run runs stage i of the workload (-1: its warm-up) against baseURL,
 // writing inference-perf's reports and log under dir, and calls onStage
 // (from another goroutine) as the stage starts and completes.
-func (c *InferencePerf) run(ctx context.Context, w *Workload, baseURL, dir string, i, stageSeconds int, onStage func(stageEvent)) ([]byte, error) {
+func (c *InferencePerf) run(ctx context.Context, w *Workload, model, baseURL, dir string, i, stageSeconds int, onStage func(stageEvent)) ([]byte, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -43,7 +43,7 @@ func (c *InferencePerf) run(ctx context.Context, w *Workload, baseURL, dir strin
 			return nil, err
 		}
 	}
-	cfg := w.config(Model, baseURL, c.Tokenizer, filepath.Join(dir, "reports"), trace, i, stageSeconds)
+	cfg := w.config(model, baseURL, c.Tokenizer, filepath.Join(dir, "reports"), trace, i, stageSeconds)
 	b, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, err

@@ -3,16 +3,21 @@ package bench
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/kvroute/kvroute/e2e/llamacpp"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 )
 
@@ -36,15 +41,28 @@ type EngineConfig struct {
 // that, so the ladder can pass them all.
 const DefaultAccelerator = "a100"
 
-// pool is one arm's fresh engines.
+// RealEngines are llama.cpp servers (e2e/llamacpp) with a real model, in
+// place of the simulated engines, for a workload that needs real prefix
+// caching on real hardware.
+type RealEngines struct {
+	Count, Slots, Context, Threads int
+}
+
+// pool is one arm's fresh engines: simulated, or real llama.cpp servers.
 type pool struct {
 	engines []*vllmsim.Engine
+	real    []*llamacpp.Server
 	scale   float64
 	start   time.Time
 	sim0    []time.Duration
 }
 
-func startPool(ctx context.Context, cfg EngineConfig) (*pool, error) {
+// startPool starts an arm's engines: real ones if the workload asks for
+// them (their logs go to dir), simulated ones of cfg otherwise.
+func startPool(ctx context.Context, cfg EngineConfig, real *RealEngines, dir string) (*pool, error) {
+	if real != nil {
+		return startReal(ctx, real, dir)
+	}
 	p := &pool{scale: cfg.TimeScale}
 	cost, err := vllmsim.CostModelFor(cmp.Or(cfg.Accelerator, DefaultAccelerator))
 	if err != nil {
@@ -73,10 +91,53 @@ func startPool(ctx context.Context, cfg EngineConfig) (*pool, error) {
 	return p, nil
 }
 
+func startReal(ctx context.Context, real *RealEngines, dir string) (*pool, error) {
+	in, err := llamacpp.Find()
+	if err != nil {
+		return nil, err
+	}
+	p := &pool{}
+	for i := range real.Count {
+		log, err := os.Create(filepath.Join(dir, "llama-server-"+strconv.Itoa(i)+".log"))
+		if err != nil {
+			p.close()
+			return nil, err
+		}
+		s, err := llamacpp.Start(ctx, in, llamacpp.Config{Slots: real.Slots, Context: real.Context, Threads: real.Threads, Log: log})
+		if err != nil {
+			log.Close()
+			p.close()
+			return nil, fmt.Errorf("bench: start llama-server: %w", err)
+		}
+		p.real = append(p.real, s)
+	}
+	return p, nil
+}
+
 func (p *pool) close() {
 	for _, e := range p.engines {
 		e.Close()
 	}
+	for _, s := range p.real {
+		s.Stop()
+	}
+}
+
+// model is what the engines serve.
+func (p *pool) model() string {
+	if p.real != nil {
+		return llamacpp.Model
+	}
+	return Model
+}
+
+// command is how the real engines were started, for the report; nil for
+// simulated ones.
+func (p *pool) command() []string {
+	if len(p.real) == 0 {
+		return nil
+	}
+	return append([]string{"llama-server"}, p.real[0].Args()...)
 }
 
 func (p *pool) addrs() []string {
@@ -84,13 +145,36 @@ func (p *pool) addrs() []string {
 	for _, e := range p.engines {
 		out = append(out, e.Addr())
 	}
+	for _, s := range p.real {
+		out = append(out, s.Addr())
+	}
 	return out
+}
+
+func (p *pool) urls() []string {
+	var out []string
+	for _, a := range p.addrs() {
+		out = append(out, "http://"+a)
+	}
+	return out
+}
+
+// simulated returns the simulated engines, or an error naming what an arm
+// needs of them that real engines lack.
+func (p *pool) simulated(needs string) ([]*vllmsim.Engine, error) {
+	if p.real != nil {
+		return nil, errors.New("bench: llama.cpp has no " + needs)
+	}
+	return p.engines, nil
 }
 
 // lag is how far the slowest engine's simulated clock fell behind the
 // wall clock's mapping since the pool started, as a fraction: 0 means
 // every engine kept its time scale.
 func (p *pool) lag() float64 {
+	if p.real != nil {
+		return 0 // real engines keep real time
+	}
 	want := time.Since(p.start).Seconds() / p.scale
 	worst := 0.0
 	for i, e := range p.engines {
@@ -110,8 +194,20 @@ func (c counters) minus(o counters) counters {
 		c.preemptions - o.preemptions, c.success - o.success}
 }
 
-// snapshot scrapes every engine's counters.
+// snapshot scrapes every engine's counters. llama.cpp counts no
+// requests, only tokens.
 func (p *pool) snapshot() ([]counters, error) {
+	if p.real != nil {
+		out := make([]counters, len(p.real))
+		for i, s := range p.real {
+			c, err := s.ReadCounters()
+			if err != nil {
+				return nil, err
+			}
+			out[i] = counters{hits: c.CachedTokens, queries: c.PromptTokens, prompt: c.PromptTokens, generation: c.Generated}
+		}
+		return out, nil
+	}
 	out := make([]counters, len(p.engines))
 	for i, e := range p.engines {
 		m, err := scrape(e.URL())

@@ -19,8 +19,12 @@ import (
 // the engine whose cost model predicts the lowest time to first token. It
 // bounds what routing can do on a workload.
 func oracleArm(ctx context.Context, _ *Tools, p *pool, _ string) (*router, error) {
-	o := &oracle{pool: p, pending: make([]int, len(p.engines))}
-	for _, e := range p.engines {
+	engines, err := p.simulated("view of its true cache and queue for an oracle")
+	if err != nil {
+		return nil, err
+	}
+	o := &oracle{pool: p, pending: make([]int, len(engines))}
+	for _, e := range engines {
 		u, err := url.Parse(e.URL())
 		if err != nil {
 			return nil, err

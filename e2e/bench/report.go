@@ -162,7 +162,7 @@ func targets(b *strings.Builder, s *Summary) {
 	}
 	for i := range s.Workloads {
 		w := &s.Workloads[i]
-		ref := w.arm(headlineArm)
+		ref := w.arm(cmp.Or(w.Reference, headlineArm))
 		if ref == nil {
 			continue
 		}
@@ -247,6 +247,17 @@ func targets(b *strings.Builder, s *Summary) {
 						ref.Stages[top].Label, a, b)
 				}
 			}
+		case realWorkload:
+			if sg := w.arm("sglang-router"); sg != nil {
+				worst, at := 1e9, ""
+				for i := range min(len(ref.Stages), len(sg.Stages)) {
+					if r := ref.Stages[i].OutputTPS / max(sg.Stages[i].OutputTPS, 1e-9); r < worst {
+						worst, at = r, ref.Stages[i].Label
+					}
+				}
+				check(worst >= 1, "%s (llama.cpp): %s's output tok/s at or above sglang-router's at every stage: worst ratio %.2f (%s)", w.Name, ref.Name, worst, at)
+			}
+			check(ref.HitRate > 0.8, "%s (llama.cpp): %s's prefix-cache hit rate above 80%%: %.1f%%", w.Name, ref.Name, 100*ref.HitRate)
 		case "decode-heavy":
 			if lr := w.arm("envoy-least-request"); lr != nil {
 				ok := true
@@ -321,6 +332,9 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 	p("## %s", w.Name)
 	p("")
 	p("%s. Scaling: %s. SLO: TTFT p90 within %.1f s.", w.Description, w.Scaling, w.SLOSeconds)
+	if w.Engines != "" {
+		p("Engines: `%s`, fresh for every arm.", w.Engines)
+	}
 	if w.Warmup != "" {
 		p("Every arm first warms its cold engines up for %s (each prefix's first request is a full prefill whatever the router); that stage is not reported.", w.Warmup)
 	}
@@ -383,9 +397,14 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 			return fmt.Sprintf("%.0f%%, %.0f%%", 100*s.PredictionError.Median, 100*s.PredictionError.Within15)
 		})
 	}
-	table("Prefix-cache hit rate (engines' metrics), requests per engine:", func(s *Stage) string {
+	perEngine, what := func(s *Stage) []int { return s.PerEngine }, "requests per engine"
+	if w.Engines != "" {
+		// llama.cpp counts tokens, not requests.
+		perEngine, what = func(s *Stage) []int { return s.PrefilledPerEngine }, "prompt tokens prefilled per engine"
+	}
+	table("Prefix-cache hit rate (engines' metrics), "+what+":", func(s *Stage) string {
 		var pe []string
-		for _, n := range s.PerEngine {
+		for _, n := range perEngine(s) {
 			pe = append(pe, strconv.Itoa(n))
 		}
 		return fmt.Sprintf("%.1f%%, %s", 100*s.HitRate, strings.Join(pe, "/"))

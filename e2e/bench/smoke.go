@@ -43,7 +43,7 @@ func Smoke(ctx context.Context, t Tools, arms []*Arm, d time.Duration, dir strin
 
 func smokeArm(ctx context.Context, t Tools, a *Arm, d time.Duration, dir string) (SmokeResult, error) {
 	res := SmokeResult{Arm: a.Name}
-	p, err := startPool(ctx, EngineConfig{Count: 4, GPUBlocks: 1024, TimeScale: 1})
+	p, err := startPool(ctx, EngineConfig{Count: 4, GPUBlocks: 1024, TimeScale: 1}, nil, "")
 	if err != nil {
 		return res, err
 	}

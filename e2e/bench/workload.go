@@ -46,6 +46,11 @@ type Workload struct {
 	// TTFT p90.
 	WarmupRate    float64
 	WarmupSeconds int
+	// Engines, when set, replaces the simulated engines with real ones.
+	Engines *RealEngines
+	// Reference is the kvroute arm the report's targets are checked on,
+	// "" for kvroute-precise.
+	Reference string
 }
 
 // warmups is how many unreported runs come before the ladder.
@@ -209,7 +214,30 @@ var Workloads = []*Workload{
 		Arms:       []string{"envoy-least-request", "kvroute-precise", "kvroute-prefill", "kvroute-decode", "sglang-router"},
 		WarmupRate: 2, WarmupSeconds: 30,
 	},
+	{
+		Name: realWorkload,
+		Description: "a real engine: two llama.cpp servers (Gemma 3 270M Q4_K_M, one CPU thread and two slots of 2,048 tokens each), " +
+			"4 groups x 8 prompts, 400-token system prompts, 40-token questions, 16 output tokens, a concurrency ladder of 64 requests a stage",
+		Scaling: "the by-hand run of issue 10 (4 groups of ~500-token system prompts x 8 questions, concurrency 2): two groups per server " +
+			"fill its two slots, so placement decides the hit rate. inference-perf sizes prompts in cl100k tokens; Gemma's tokenizer " +
+			"counts about 1.3 of its tokens for each (the engines' own counts are in the hit rates)",
+		Data:        sharedPrefix(4, 8, 400, 40, 16, false),
+		Concurrency: []int{2, 4},
+		Requests:    64,
+		SLO:         10 * time.Second,
+		Arms:        []string{"envoy-round-robin", "envoy-least-request", "kvroute-approx", "sglang-router"},
+		Engines:     &RealEngines{Count: 2, Slots: 2, Context: 2048, Threads: 1},
+		Reference:   "kvroute-approx",
+		// Each prefix's first request is a cold prefill whatever the
+		// router, and cachesync calibrates llama.cpp's rate from its
+		// first long prompts.
+		WarmupRate: 0.5, WarmupSeconds: 20,
+	},
 }
+
+// realWorkload runs on real engines: llama.cpp's server with Gemma 3 270M
+// on one CPU thread each (make llamacpp builds it).
+const realWorkload = "llama-cpp"
 
 // sharedFamily is the sweep of the prompt's shared fraction.
 const sharedFamily = "shared-fraction"
