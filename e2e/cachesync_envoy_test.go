@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/cachesync/daemon"
+	"github.com/kvroute/kvroute/e2e/envoy"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 	"github.com/kvroute/kvroute/shared/blockhash"
 )
@@ -138,6 +139,12 @@ func cachesyncGateway(t testing.TB, engines []*vllmsim.Engine, cachesync string,
 // cachesyncGatewayFor is cachesyncGateway for engines at addrs.
 func cachesyncGatewayFor(t testing.TB, addrs []string, cachesync string, policy map[string]any, settings ...any) *gateway {
 	t.Helper()
+	return startGateway(t, cachesyncConfig(t, addrs, cachesync, policy, settings...), 2)
+}
+
+// cachesyncConfig is the configuration cachesyncGatewayFor runs.
+func cachesyncConfig(t testing.TB, addrs []string, cachesync string, policy map[string]any, settings ...any) *envoy.Config {
+	t.Helper()
 	cfg := gatewayConfig(t, addrs, nil)
 	must(t, cfg.SetEndpoints("cachesync", []string{cachesync}))
 	pc, err := cfg.PluginConfiguration(pluginName)
@@ -153,7 +160,7 @@ func cachesyncGatewayFor(t testing.TB, addrs []string, cachesync string, policy 
 		pc[settings[i].(string)] = settings[i+1]
 	}
 	must(t, cfg.SetPluginConfiguration(pluginName, pc))
-	return startGateway(t, cfg, 2)
+	return cfg
 }
 
 // reportsAccepted fails the test unless the gateway's report batches all

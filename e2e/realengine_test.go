@@ -48,6 +48,16 @@ func serverAddrs(ss []*llamacpp.Server) []string {
 	return out
 }
 
+// llamaGateway runs the shipped envoy.yaml in front of llama.cpp servers,
+// with one request per upstream connection, as the README advises for
+// them: llama-server closes the connection after every streamed response.
+func llamaGateway(t *testing.T, addrs []string, cachesync string) *gateway {
+	t.Helper()
+	cfg := cachesyncConfig(t, addrs, cachesync, nil)
+	must(t, cfg.SetOneRequestPerConnection(engineCluster))
+	return startGateway(t, cfg, 2)
+}
+
 // handbook is a tenant's system prompt of about 400 Gemma tokens.
 func handbook(tenant int) string {
 	var b strings.Builder
@@ -144,7 +154,7 @@ func TestRealEngineAffinity(t *testing.T) {
 	ss := startLlamaServers(t, 2, llamacpp.Config{Slots: 2, Context: 2048})
 	addrs := serverAddrs(ss)
 	cs := startDaemon(t, "127.0.0.1:0", addrs, false)
-	g := cachesyncGatewayFor(t, addrs, cs.addr, nil)
+	g := llamaGateway(t, addrs, cs.addr)
 	waitFor(t, 30*time.Second, "both servers healthy", func() bool {
 		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_health{health="healthy"} 2`)
 	})
@@ -211,7 +221,7 @@ func TestRealEngineRestart(t *testing.T) {
 	ss := startLlamaServers(t, 2, llamacpp.Config{Slots: 2, Context: 2048})
 	addrs := serverAddrs(ss)
 	cs := startDaemon(t, "127.0.0.1:0", addrs, false)
-	g := cachesyncGatewayFor(t, addrs, cs.addr, nil)
+	g := llamaGateway(t, addrs, cs.addr)
 	waitFor(t, 30*time.Second, "both servers healthy", func() bool {
 		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_health{health="healthy"} 2`)
 	})

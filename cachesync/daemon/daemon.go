@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -348,7 +349,16 @@ func (d *Daemon) applyScrape(ctx context.Context, st scrape.State) {
 			d.log.Warn("forget a restarted engine's entries", "engine", st.Addr, "err", err)
 		}
 	}
+	rateMoved := !e.scraped || e.last.Rate != st.Rate
 	e.last, e.scraped = st, true
+	if rateMoved {
+		// Uncalibrated peers publish this engine's deployment's rate.
+		for _, a := range d.models.peers(st.Addr) {
+			if o := d.engines[a]; o != nil && o.scraped && !o.last.Rate.Calibrated {
+				d.update(o)
+			}
+		}
+	}
 	if st.KVCapacity > 0 {
 		e.capacity = approx.Sizing{BytesPerToken: d.cfg.BytesPerToken, BlockBytes: d.cfg.Hash.BlockSize}.Blocks(int64(st.KVCapacity))
 		if err := d.ix.SetCapacity(st.Addr, e.capacity); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
@@ -405,6 +415,9 @@ func (d *Daemon) listener(ctx context.Context, endpoint string) (*kvevents.Liste
 // its cache capacity and latency model.
 func (d *Daemon) update(e *engine) {
 	info := e.last.EndpointInfo()
+	if r, ok := d.peerRate(e); ok {
+		info.PrefillRate = r
+	}
 	info.IndexCapacity = e.capacity
 	info.Template = e.template.renders
 	info.Model = d.models.model(e.d.Addr, max(info.PrefillRate, 1))
@@ -414,6 +427,30 @@ func (d *Daemon) update(e *engine) {
 	if err := d.ix.UpdateEndpoint(info); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
 		d.log.Warn("update endpoint", "engine", e.d.Addr, "err", err)
 	}
+}
+
+// peerRate is the prefill rate to publish for e while it is not
+// calibrated: the median of the calibrated rates of its deployment's other
+// engines (same model, same KV-cache size: the same accelerator, in all
+// likelihood). An engine that has served too little to calibrate would
+// otherwise go out at the configured default, which may be far from its
+// peers' (a CPU engine's rate is some 60 times below the GPU default), and
+// look much cheaper or dearer than they do. With d.mu held.
+func (d *Daemon) peerRate(e *engine) (float64, bool) {
+	if e.last.Rate.Calibrated {
+		return 0, false
+	}
+	var rates []float64
+	for _, a := range d.models.peers(e.d.Addr) {
+		if o := d.engines[a]; o != nil && o.scraped && o.last.Rate.Calibrated {
+			rates = append(rates, o.last.Rate.TokensPerSecond)
+		}
+	}
+	if len(rates) == 0 {
+		return 0, false
+	}
+	slices.Sort(rates)
+	return rates[len(rates)/2], true
 }
 
 // startEvents subscribes to each rank's KV events through a bridge into the

@@ -17,13 +17,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/cachesync/internal/calibrate"
 	"github.com/kvroute/kvroute/cachesync/internal/discovery"
+	"github.com/kvroute/kvroute/cachesync/internal/scrape"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/predict"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const model = "Qwen/Qwen2.5-7B-Instruct"
@@ -708,4 +711,34 @@ func TestUncheckableEngineAndAutoGateways(t *testing.T) {
 	eventually(t, "the engine indexed approximately for auto gateways", metric(`kvroute_cachesync_engines{mode="approximate"} 1`))
 	name.Store("chatml")
 	eventually(t, "the engine precise again", metric(`kvroute_cachesync_engines{mode="precise"} 1`))
+}
+
+// TestPeerRate: an engine not calibrated yet publishes the calibrated rate
+// of its deployment's engines (same model, same cache), not the default;
+// engines of another deployment, or not calibrated, lend it nothing.
+func TestPeerRate(t *testing.T) {
+	d := &Daemon{engines: map[string]*engine{}, models: newModels(prometheus.NewRegistry())}
+	add := func(addr, model string, kv int, rate float64, calibrated bool) *engine {
+		e := &engine{d: discovery.Engine{Addr: addr}, scraped: true,
+			last: scrape.State{Addr: addr, Models: []string{model}, KVCapacity: kv, Rate: calibrate.Rate{TokensPerSecond: rate, Calibrated: calibrated}}}
+		d.engines[addr] = e
+		d.models.add(addr)
+		d.models.place(addr, e.last.Models, kv)
+		return e
+	}
+	fresh := add("a:1", "gemma", 8192, 15928, false)
+	add("b:1", "gemma", 8192, 240, true)
+	add("c:1", "gemma", 8192, 250, true)
+	add("d:1", "gemma", 8192, 260, true)
+	add("e:1", "gemma", 65536, 20000, true) // another deployment
+	add("f:1", "gemma", 8192, 15928, false) // not calibrated
+	if r, ok := d.peerRate(fresh); !ok || r != 250 {
+		t.Errorf("peer rate %v (%v), want the median of its deployment's calibrated engines, 250", r, ok)
+	}
+	if _, ok := d.peerRate(d.engines["b:1"]); ok {
+		t.Error("a calibrated engine took its peers' rate")
+	}
+	if _, ok := d.peerRate(d.engines["e:1"]); ok {
+		t.Error("an engine alone in its deployment found peers")
+	}
 }

@@ -85,7 +85,7 @@ var (
 	descAgreement      = prometheus.NewDesc(ns+"template_agreement", "Share of the probe conversations an engine renders byte for byte as the gateways' chat template does (1: agrees).", []string{"engine", "template"}, nil)
 	descCommonPrefix   = prometheus.NewDesc(ns+"template_common_prefix_bytes", "Bytes an engine's render of its first differing probe shares with the gateways' template's; absent when they agree.", []string{"engine", "template"}, nil)
 	descTemplates      = prometheus.NewDesc(ns+"engines_by_template", "Engines whose chat template is checked (those with KV events, and llama.cpp) by the check: agrees, disagrees (an engine with KV events is then indexed approximately), unchecked.", []string{"state"}, nil)
-	descPrefillRate    = prometheus.NewDesc(ns+"engine_prefill_rate_tokens_per_second", "Prefill rate published for each engine: calibrated from its metrics, or the configured default until then.", []string{"engine", "kind"}, nil)
+	descPrefillRate    = prometheus.NewDesc(ns+"engine_prefill_rate_tokens_per_second", "Prefill rate published for each engine: calibrated from its metrics; until then its deployment's calibrated engines' median, else the configured default.", []string{"engine", "kind"}, nil)
 	descCalibrated     = prometheus.NewDesc(ns+"engine_prefill_rate_calibrated", "1 once an engine's prefill rate is calibrated from its own metrics, 0 while the default stands.", []string{"engine"}, nil)
 	descDiscovery      = prometheus.NewDesc(ns+"discovery_updates_total", "Engine sets discovery sent.", nil, nil)
 	descDiscoveryErrs  = prometheus.NewDesc(ns+"discovery_errors_total", "Discovery lookups that failed (the last set stands).", nil, nil)
@@ -124,7 +124,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for addr, e := range d.engines {
 		total.add(e.stats())
 		if e.scraped {
-			rates = append(rates, e.last)
+			st := e.last
+			if r, ok := d.peerRate(e); ok {
+				st.Rate.TokensPerSecond = r // what the snapshot publishes
+			}
+			rates = append(rates, st)
 		}
 		if e.precise {
 			precise++

@@ -125,6 +125,23 @@ func (m *models) place(addr string, models []string, kvTokens int) {
 	}
 }
 
+// peers returns the other engines of addr's deployment, once it is known.
+func (m *models) peers(addr string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	g := m.group[addr]
+	if g == "" {
+		return nil
+	}
+	var out []string
+	for a, ag := range m.group {
+		if ag == g && a != addr {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 func (m *models) forget(addr string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -88,7 +88,7 @@ func envoyArm(policy string) func(context.Context, *Tools, *pool, string) (*rout
 		if err != nil {
 			return nil, err
 		}
-		steps := []error{cfg.UseFreePorts(), cfg.SetEndpoints("engines", p.addrs()), cfg.RemoveWasmFilters()}
+		steps := []error{cfg.UseFreePorts(), cfg.SetEndpoints("engines", p.addrs()), cfg.RemoveWasmFilters(), p.tune(cfg)}
 		if policy == "round_robin" {
 			steps = append(steps, cfg.SetRoundRobin("engines"))
 		} else {
@@ -166,7 +166,7 @@ func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tool
 		}
 		wasm, err := filepath.Abs(t.Wasm)
 		if err == nil {
-			err = errors.Join(cfg.UseFreePorts(), cfg.SetEndpoints("engines", p.addrs()), cfg.SetEndpoints("cachesync", []string{addr}),
+			err = errors.Join(cfg.UseFreePorts(), cfg.SetEndpoints("engines", p.addrs()), cfg.SetEndpoints("cachesync", []string{addr}), p.tune(cfg),
 				cfg.SetWasmCode("kvroute", wasm), cfg.AddAccessLog(filepath.Join(dir, DecisionLog), decisionLogFormat))
 		}
 		var pc map[string]any

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/kvroute/kvroute/e2e/envoy"
 	"github.com/kvroute/kvroute/e2e/llamacpp"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 )
@@ -157,6 +158,16 @@ func (p *pool) urls() []string {
 		out = append(out, "http://"+a)
 	}
 	return out
+}
+
+// tune adapts an Envoy configuration to the engines: llama.cpp's server
+// closes the connection after every streamed response, so Envoy must not
+// reuse it (the README's advice for llama.cpp).
+func (p *pool) tune(cfg *envoy.Config) error {
+	if p.real == nil {
+		return nil
+	}
+	return cfg.SetOneRequestPerConnection("engines")
 }
 
 // simulated returns the simulated engines, or an error naming what an arm

@@ -217,12 +217,12 @@ var Workloads = []*Workload{
 	{
 		Name: realWorkload,
 		Description: "a real engine: two llama.cpp servers (Gemma 3 270M Q4_K_M, one CPU thread and two slots of 2,048 tokens each), " +
-			"4 groups x 8 prompts, 400-token system prompts, 40-token questions, 16 output tokens, a concurrency ladder of 64 requests a stage",
+			"4 groups x 8 prompts, 400-token system prompts, 40-token questions, 16 output tokens, a concurrency ladder (1, 2, 4) of 64 requests a stage",
 		Scaling: "the by-hand run of issue 10 (4 groups of ~500-token system prompts x 8 questions, concurrency 2): two groups per server " +
 			"fill its two slots, so placement decides the hit rate. inference-perf sizes prompts in cl100k tokens; Gemma's tokenizer " +
 			"counts about 1.3 of its tokens for each (the engines' own counts are in the hit rates)",
 		Data:        sharedPrefix(4, 8, 400, 40, 16, false),
-		Concurrency: []int{2, 4},
+		Concurrency: []int{1, 2, 4},
 		Requests:    64,
 		SLO:         10 * time.Second,
 		Arms:        []string{"envoy-round-robin", "envoy-least-request", "kvroute-approx", "sglang-router"},

@@ -342,3 +342,22 @@ func (c *Config) setPolicy(cluster, name, typ string) error {
 	}}}
 	return nil
 }
+
+// SetOneRequestPerConnection makes the named cluster close each upstream
+// connection after one request, as llama.cpp's server needs: it closes
+// the connection after every streamed response while advertising
+// keep-alive, and a request Envoy sends down it meanwhile fails (503,
+// "connection termination"). The cluster must carry the shipped
+// HttpProtocolOptions.
+func (c *Config) SetOneRequestPerConnection(cluster string) error {
+	cl, err := c.named("clusters", cluster)
+	if err != nil {
+		return err
+	}
+	opts, err := object(cl, "typed_extension_protocol_options", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "common_http_protocol_options")
+	if err != nil {
+		return err
+	}
+	opts["max_requests_per_connection"] = 1
+	return nil
+}

@@ -145,3 +145,21 @@ func TestShippedIdleTimeout(t *testing.T) {
 		t.Errorf("engines idle_timeout %q, want under the engines' 5 s", idle)
 	}
 }
+
+func TestSetOneRequestPerConnection(t *testing.T) {
+	c, err := LoadConfig("../../envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetOneRequestPerConnection("engines"); err != nil {
+		t.Fatal(err)
+	}
+	engines, _ := c.named("clusters", "engines")
+	opts, err := object(engines, "typed_extension_protocol_options", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "common_http_protocol_options")
+	if err != nil || opts["max_requests_per_connection"] != 1 || opts["idle_timeout"] != "4s" {
+		t.Errorf("engines protocol options %v (%v)", opts, err)
+	}
+	if err := c.SetOneRequestPerConnection("cachesync"); err == nil {
+		t.Error("a cluster without HttpProtocolOptions was changed")
+	}
+}
