@@ -23,19 +23,14 @@ import (
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 )
 
-// defaultArms are the arms run on workloads other than b2b-saas, which runs
-// every arm but the policy-mode variants, unless the workload names its
-// own: the baselines, kvroute, the best rival and the oracle.
-var defaultArms = []string{"envoy-round-robin", "envoy-least-request", "kvroute-precise", "sglang-router", "oracle"}
-
 func main() {
 	var (
 		out          = flag.String("out", "results/bench", "results directory")
-		workloads    = flag.String("workloads", "", "comma-separated workloads (default: all)")
-		arms         = flag.String("arms", "", "comma-separated arms for every workload (default: all on b2b-saas, "+strings.Join(defaultArms, ",")+" elsewhere)")
+		workloads    = flag.String("workloads", "", "comma-separated workloads (default: all but the extended ones, mixed and the shared-fraction sweep)")
+		arms         = flag.String("arms", "", "comma-separated arms for every workload (default: each workload's own; every arm on b2b-saas)")
 		quick        = flag.Bool("quick", false, "a reduced ladder: b2b-saas with round robin, kvroute precise and sglang-router")
 		rates        = flag.String("rates", "", "comma-separated Poisson rates replacing every selected workload's ladder")
-		stageSeconds = flag.Int("stage-seconds", 20, "seconds per Poisson stage")
+		stageSeconds = flag.Int("stage-seconds", 15, "seconds per Poisson stage")
 		engines      = flag.Int("engines", 4, "simulated engines")
 		accelerator  = flag.String("accelerator", bench.DefaultAccelerator, "the engines' cost model: a100 or h100 (Qwen3-32B, TP=2)")
 		gpuBlocks    = flag.Int("gpu-blocks", 4096, "KV blocks of 16 tokens per engine")
@@ -101,7 +96,9 @@ func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesyn
 	}
 	if len(names) == 0 {
 		for _, w := range bench.Workloads {
-			names = append(names, w.Name)
+			if !w.Extended {
+				names = append(names, w.Name)
+			}
 		}
 	}
 	for _, n := range names {
@@ -120,14 +117,12 @@ func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesyn
 		case sel != nil:
 		case w.Arms != nil:
 			sel = w.Arms
-		case n == "b2b-saas":
+		default:
 			for _, a := range bench.Arms {
 				if !a.Variant {
 					sel = append(sel, a.Name)
 				}
 			}
-		default:
-			sel = defaultArms
 		}
 		for _, a := range sel {
 			arm, err := bench.ArmByName(a)
