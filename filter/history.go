@@ -1,7 +1,11 @@
 package main
 
 import (
+	"cmp"
+	"slices"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/filter/internal/inflight"
 	"github.com/kvroute/kvroute/shared/snapshot"
@@ -31,6 +35,7 @@ type history struct {
 	// requests in flight when the engine's load was read; -1 unknown.
 	atLoad []int64
 	gen    uint64
+	addr   []byte // scratch for an endpoint's address
 }
 
 // record takes the tick's sample from the in-flight table t.
@@ -51,6 +56,9 @@ func (h *history) record(now time.Time, t *inflight.Table, ttl time.Duration) {
 		}
 		c = append(c, inflight.Entry{Endpoint: e.Endpoint, Counts: inflight.Counts{Requests: e.Requests}})
 	})
+	// Sorted, so that rebase finds an endpoint by binary search: a pool of
+	// a thousand busy endpoints must not cost a million steps a tick.
+	slices.SortFunc(c, func(a, b inflight.Entry) int { return cmp.Compare(a.Endpoint, b.Endpoint) })
 	h.counts[i] = c
 }
 
@@ -83,18 +91,17 @@ func (h *history) rebase(m *snapshot.Manifest, tick time.Duration) {
 		if !ok || oldest == 0 || loaded.UnixMilli() < oldest {
 			continue
 		}
-		ms, hash := loaded.UnixMilli(), endpointHash(e.Addr())
+		h.addr = e.AppendAddr(h.addr[:0])
+		ms, hash := loaded.UnixMilli(), xxhash.Sum64(h.addr)
 		most := int64(-1)
 		for s, at := range h.at {
 			if at == 0 || at < ms-slack || at > ms+slack {
 				continue
 			}
 			count := int64(0)
-			for _, c := range h.counts[s] {
-				if c.Endpoint == hash {
-					count = c.Requests
-					break
-				}
+			c := h.counts[s]
+			if k, ok := slices.BinarySearchFunc(c, hash, func(e inflight.Entry, h uint64) int { return cmp.Compare(e.Endpoint, h) }); ok {
+				count = c[k].Requests
 			}
 			most = max(most, count)
 		}

@@ -20,7 +20,9 @@
 //	TTFT from the uncached tokens there, the uncached tokens ahead of the
 //	     request (this gateway's in flight, which the snapshot lags, plus
 //	     cachesync's estimate of the others'), the requests running and the
-//	     requests waiting;
+//	     requests waiting (the engine's as of its scrape, less what this
+//	     gateway had there then, Local.AtLoad, plus this gateway's own as of
+//	     now);
 //	ITL  from the requests running, this one included, and the KV-cache usage.
 //
 // The price is TTFT + out·ITL in ModeAuto, out being the output tokens the
@@ -49,10 +51,10 @@
 // share of traffic to wherever it lands for as long as it stays cached, so
 // it is placed by cache room first: only endpoints whose cache (pending
 // prefills included) is within half the prompt of the emptiest qualify,
-// among those priced within one cold prefill of the cheapest, and the
-// price picks among them. Prefixes then spread evenly over the caches
-// whatever order they arrive in, not after the momentary idleness the next
-// arrival reshuffles.
+// among those whose predicted time to first token is within one cold
+// prefill of the quickest, and the price picks among them. Prefixes then
+// spread evenly over the caches whatever order they arrive in, not after
+// the momentary idleness the next arrival reshuffles.
 //
 // With an SLO (Config.SLOTTFT, Config.SLOTPOT, or per request) the choice
 // is the best-cached endpoint predicted to meet it, the cheapest of those;

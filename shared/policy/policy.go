@@ -190,7 +190,11 @@ type Local struct {
 // Request is what Pick decides on.
 type Request struct {
 	Model  string   // the requested model or adapter; "" matches every endpoint
-	Hashes []uint64 // the prompt's chained block hashes
+	Hashes []uint64 // the prompt's chained block hashes, its first ones at least
+	// Blocks is how many full blocks the prompt has, hashed or not: a caller
+	// may hash only its head, and more once an endpoint holds all of that
+	// (Decision.Deepest); 0 means len(Hashes).
+	Blocks int
 	// PromptTokens estimates the prompt's length (see Tokens); 0 means
 	// the tokens of len(Hashes) blocks.
 	PromptTokens int
@@ -240,6 +244,10 @@ type Decision struct {
 	UncachedTokens int // prompt tokens it is estimated to prefill
 	Eligible       int // endpoints that were healthy and serve the model
 	Lookups        int // index lookups made by the prefix walk
+	// Deepest is the most of Request.Hashes any endpoint's index entries
+	// hold: when it is all of them and the prompt has more blocks, the
+	// match may go on past them.
+	Deepest int
 	// Chosen and RunnerUp are the terms of the chosen endpoint and of the
 	// next best (Endpoint -1 when there is none).
 	Chosen, RunnerUp Terms
@@ -286,8 +294,12 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		}
 	}
 	d.Lookups = v.Prefix(r.Hashes, p.match[:n])
+	for i := range p.match[:n] {
+		d.Deepest = max(d.Deepest, int(p.match[i].Blocks))
+	}
+	blocks := max(len(r.Hashes), r.Blocks)
 	for i := range min(n, len(r.Local)) {
-		if b := int32(min(r.Local[i].Blocks, len(r.Hashes))); b > p.match[i].Blocks {
+		if b := int32(min(r.Local[i].Blocks, blocks)); b > p.match[i].Blocks {
 			p.match[i].Blocks, p.match[i].GPU = b, b
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/predict"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
@@ -201,6 +202,21 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
+			// Fitted, the model prices each queued request at half a
+			// second; the scrape saw 4 running and 20 queued, all this
+			// gateway's, which still has them: the queue still counts.
+			name: "this gateway's own requests queued behind a full batch still queue",
+			eps: []ep{{info: withModel(withQueue(healthy(0), 4, 20)), blocks: promptBlocks, gpu: promptBlocks},
+				{info: withModel(healthy(0))}},
+			req:  Request{OutputTokens: 16, Local: []Local{{AtLoad: 24, AtLoadKnown: true, Requests: 24}, {AtLoadKnown: true}}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
+			name: "a new prefix goes to room even where requests run: the stall its prefill causes them is paid once",
+			eps:  []ep{{info: withCapacity(healthy(0), 20000), other: 6000}, {info: withCapacity(withRunning(healthy(0), 2), 20000), other: 2000}},
+			want: []int{1}, reason: ReasonLeastLoad,
+		},
+		{
 			name: "placement by cache room when nothing else differs",
 			eps:  []ep{{info: withCapacity(healthy(0), 10000), other: 9000}, {info: withCapacity(healthy(0), 10000), other: 1000}, {info: withCapacity(healthy(0), 10000), other: 5000}},
 			want: []int{1}, reason: ReasonLeastLoad,
@@ -297,6 +313,20 @@ func TestPick(t *testing.T) {
 
 func withRunning(e snapshot.EndpointInfo, n int) snapshot.EndpointInfo {
 	e.Running = n
+	return e
+}
+
+func withQueue(e snapshot.EndpointInfo, running, waiting int) snapshot.EndpointInfo {
+	e.Running, e.Waiting = running, waiting
+	return e
+}
+
+// withModel gives the endpoint a fitted latency model in which a queued
+// request costs half a second of TTFT.
+func withModel(e snapshot.EndpointInfo) snapshot.EndpointInfo {
+	e.Model = predict.Default(second)
+	e.Model.TTFTCoef[2], e.Model.TTFTCoef[3] = 0.001, 0.5
+	e.Model.TTFTSamples, e.Model.ITLSamples = predict.MinSamples, predict.MinSamples
 	return e
 }
 

@@ -18,10 +18,10 @@ type job struct {
 }
 
 func (p *Picker) job(m *snapshot.Manifest, r *Request) job {
-	j := job{blocks: len(r.Hashes), blockTokens: float64(p.cfg.BlockBytes) / BytesPerToken(m)}
+	j := job{blocks: max(len(r.Hashes), r.Blocks), blockTokens: float64(p.cfg.BlockBytes) / BytesPerToken(m)}
 	j.prompt = float64(r.PromptTokens)
 	if j.prompt <= 0 {
-		j.prompt = float64(len(r.Hashes)) * j.blockTokens
+		j.prompt = float64(j.blocks) * j.blockTokens
 	}
 	j.output = float64(r.OutputTokens)
 	if j.output <= 0 {
@@ -92,9 +92,13 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 		if local.AtLoadKnown {
 			// The engine's figures are as of its scrape and count this
 			// gateway's requests of then; its own it knows as of now.
-			mine := float64(local.AtLoad)
-			c.f.Running += max(running-mine, 0)
-			c.f.Waiting = max(waiting-max(mine-running, 0), 0)
+			// The others' and its own together run as the engine ran them
+			// then: a batch that had a queue behind it was full.
+			total := max(running+waiting-float64(local.AtLoad), 0) + float64(local.Requests)
+			c.f.Running, c.f.Waiting = total, 0
+			if waiting > 0 {
+				c.f.Running, c.f.Waiting = min(total, running), max(total-running, 0)
+			}
 		} else {
 			c.f.Running = max(c.f.Running, running)
 			c.f.Waiting = waiting
