@@ -114,7 +114,13 @@ $(BENCH_VENVS)/venv-%/.installed:
 
 bench-setup: $(SETUP_STAMP) $(addsuffix /.installed,$(addprefix $(BENCH_VENVS)/venv-,inference-perf smg sglang-router vllm-router))
 
-bench: bench-setup wasm build/cachesync llamacpp
+# The floor module: the least a Go proxy-wasm filter must do to route on
+# the body, which -filter-cost measures kvroute against.
+build/floor.wasm: $(shell find e2e/bench/floor filter/proxywasm -name '*.go' -not -name '*_test.go') go.mod go.sum
+	@mkdir -p build
+	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $@ ./e2e/bench/floor
+
+bench: bench-setup wasm build/floor.wasm build/cachesync llamacpp
 	KVROUTE_LLAMACPP_DIR=$(LLAMACPP_DIR) $(GO) run ./e2e/cmd/bench -workloads '$(WORKLOADS)' -arms '$(ARMS)' $(BENCH_FLAGS)
 
 bench-quick: bench-setup wasm build/cachesync

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/filter/internal/placed"
 	"github.com/kvroute/kvroute/shared/approx"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/policy"
@@ -400,6 +401,12 @@ func absPath(v gjson.Result) (string, error) {
 
 // routes reports whether the filter handles a request with this method and
 // path (query string ignored).
+// hashAhead is how many of a prompt's blocks are hashed before the policy
+// looks: as many as a report, the recent placements and rendezvous use.
+func (c *config) hashAhead() int {
+	return max(c.reportBlocks, placed.Stride*placed.MaxSamples, c.affinityBlocks, 1)
+}
+
 func (c *config) routes(method, path string) bool {
 	if method != "POST" {
 		return false

@@ -294,8 +294,8 @@ func (h *httpContext) account(d *decision) {
 	// remembered for the requests sharing it that come before the snapshot
 	// shows it. One mostly cached adds only its own tail, which the
 	// requests that follow closely do not share.
-	if hashes := h.plugin.router.hashes; d.reason != reasonRendezvous && 2*d.policy.Blocks < len(hashes) && d.policy.Blocks+placed.Stride <= len(hashes) {
-		h.plugin.load.placed.add(h.endpoint, hashes, d.policy.Chosen.TTFT)
+	if r := h.plugin.router; d.reason != reasonRendezvous && 2*d.policy.Blocks < r.blocks && d.policy.Blocks+placed.Stride <= len(r.hashes) {
+		h.plugin.load.placed.add(h.endpoint, r.hashes, d.policy.Chosen.TTFT)
 	}
 	if h.session != 0 && d.reason != reasonRendezvous {
 		h.plugin.load.sessions.pin(h.session, h.endpoint)

@@ -123,7 +123,8 @@ type router struct {
 	cfg      config
 	renderer prompt.Renderer
 	text     []byte
-	hashes   []uint64
+	hashes   []uint64 // the last prompt's block hashes, its head at least
+	blocks   int      // the last prompt's full blocks, at most max_blocks
 	picker   *policy.Picker
 	rng      uint64 // xorshift state for the policy's tie breaks
 	ranked   []int  // fallback slots, reused
@@ -161,13 +162,19 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 	}
 	r.text = p.Text[:0]
 	seed := blockhash.Salted(blockhash.Seed(p.Model, ""), p.CacheSalt)
-	r.hashes = blockhash.Append(r.hashes[:0], seed, p.Text, r.cfg.hashing)
+	// Only the head is hashed at first: what reports, recent placements
+	// and rendezvous use. Most prompts end there, and a longer one is
+	// hashed on only while some endpoint holds every block hashed so far.
+	bs := r.cfg.hashing.Size()
+	r.blocks = min(len(p.Text)/bs, r.cfg.hashing.Max())
+	r.hashes = blockhash.Append(r.hashes[:0], seed, p.Text[:min(r.blocks, r.cfg.hashAhead())*bs], r.cfg.hashing)
 	d := decision{model: p.Model, template: tmpl, promptTokens: policy.Tokens(len(p.Text), m)}
 
 	if m != nil {
 		req := policy.Request{
 			Model:        p.Model,
 			Hashes:       r.hashes,
+			Blocks:       r.blocks,
 			PromptTokens: d.promptTokens,
 			OutputTokens: p.MaxTokens,
 			SLOTTFT:      o.sloTTFT,
@@ -183,6 +190,13 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 			req.Allowed = r.allowedSlots(m, o.subset)
 		}
 		d.policy = r.picker.Pick(view, &req)
+		for n := len(r.hashes); d.policy.Deepest == n && n < r.blocks; n = len(r.hashes) {
+			// Some endpoint holds every block hashed so far: hash twice
+			// as many, on from the last, and look again.
+			r.hashes = blockhash.Append(r.hashes, r.hashes[n-1], p.Text[n*bs:min(2*n, r.blocks)*bs], r.cfg.hashing)
+			req.Hashes = r.hashes
+			d.policy = r.picker.Pick(view, &req)
+		}
 		if d.policy.Endpoint >= 0 {
 			d.endpoint = m.Endpoint(d.policy.Endpoint).Addr()
 			d.reason = d.policy.Reason.String()
