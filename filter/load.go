@@ -18,6 +18,7 @@ const inflightKey = "kvroute/inflight"
 type loadTracker struct {
 	vm     uint64
 	ttl    time.Duration  // rows older than this belong to dead VMs
+	tick   time.Duration  // the sync interval
 	table  inflight.Table // decoded and reused
 	stored casValue
 
@@ -30,8 +31,8 @@ type loadTracker struct {
 	hist     history
 }
 
-func newLoadTracker(vm uint64, ttl, sessionTTL time.Duration) loadTracker {
-	return loadTracker{vm: vm, ttl: ttl, stored: casValue{key: inflightKey, what: "in-flight load"},
+func newLoadTracker(vm uint64, ttl, sessionTTL, tick time.Duration) loadTracker {
+	return loadTracker{vm: vm, ttl: ttl, tick: tick, stored: casValue{key: inflightKey, what: "in-flight load"},
 		placed:   placements{stored: casValue{key: placedKey, what: "recent placements"}},
 		sessions: sessions{ttl: sessionTTL}}
 }
@@ -76,7 +77,13 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) 
 	}
 	t.local = t.local[:n]
 	clear(t.local)
-	t.placed.match(hashes, t.addPlaced)
+	if t.placed.read() {
+		t.placed.match(hashes, t.addPlaced)
+		// A placement's report reaches the index within two ticks (the
+	// fetcher's next, then cachesync's next build); one made since is not
+	// in this snapshot yet, but fills the endpoint's cache all the same.
+		t.placed.since(m.Created().Add(-2*t.tick), t.addPending)
+	}
 	if session != 0 {
 		if ep, ok := t.sessions.lookup(session); ok {
 			t.addPlaced(ep, len(hashes))
@@ -97,6 +104,12 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) 
 func (t *loadTracker) addPlaced(endpoint uint64, blocks int) {
 	if i, ok := t.slotOf[endpoint]; ok {
 		t.local[i].Blocks = max(t.local[i].Blocks, blocks)
+	}
+}
+
+func (t *loadTracker) addPending(endpoint uint64, blocks int) {
+	if i, ok := t.slotOf[endpoint]; ok {
+		t.local[i].Pending += blocks
 	}
 }
 

@@ -66,7 +66,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	}
 	p.m = newStats()
 	p.runtime = newRuntimeStats()
-	p.load = newLoadTracker(vm, max(10*time.Second, 20*p.cfg.syncInterval), p.cfg.sessionTTL)
+	p.load = newLoadTracker(vm, max(10*time.Second, 20*p.cfg.syncInterval), p.cfg.sessionTTL, p.cfg.syncInterval)
 	p.held = map[uint32]*httpContext{}
 	if p.sync, err = newSyncer(&p.cfg, vm, p.m); err != nil {
 		proxywasm.LogCritical("kvroute: " + err.Error())
@@ -295,7 +295,7 @@ func (h *httpContext) account(d *decision) {
 	// shows it. One mostly cached adds only its own tail, which the
 	// requests that follow closely do not share.
 	if r := h.plugin.router; d.reason != reasonRendezvous && 2*d.policy.Blocks < r.blocks && d.policy.Blocks+placed.Stride <= len(r.hashes) {
-		h.plugin.load.placed.add(h.endpoint, r.hashes, d.policy.Chosen.TTFT)
+		h.plugin.load.placed.add(h.endpoint, r.hashes, r.blocks-d.policy.Blocks, d.policy.Chosen.TTFT)
 	}
 	if h.session != 0 && d.reason != reasonRendezvous {
 		h.plugin.load.sessions.pin(h.session, h.endpoint)

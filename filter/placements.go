@@ -23,21 +23,31 @@ type placements struct {
 	stored casValue
 }
 
+// read loads the table as the workers last wrote it; false if shared data
+// failed.
+func (p *placements) read() bool { return p.stored.load(&p.table) }
+
 // match calls fn with every endpoint a recent placement shares leading
-// blocks of hashes with.
+// blocks of hashes with, as of the last read.
 func (p *placements) match(hashes []uint64, fn func(endpoint uint64, blocks int)) {
-	if len(hashes) >= placed.Stride && p.stored.load(&p.table) {
+	if len(hashes) >= placed.Stride {
 		p.table.Match(hashes, time.Now().UnixMilli(), fn)
 	}
 }
 
-// add records that hashes went to endpoint, whose first token is
-// predicted after ttft.
-func (p *placements) add(endpoint uint64, hashes []uint64, ttft time.Duration) {
+// add records that hashes went to endpoint, bringing it blocks it did not
+// hold, with its first token predicted after ttft.
+func (p *placements) add(endpoint uint64, hashes []uint64, blocks int, ttft time.Duration) {
 	if len(hashes) < placed.Stride {
 		return
 	}
 	now := time.Now()
 	expires := now.Add(2*min(ttft, time.Minute) + placedLinger).UnixMilli()
-	p.stored.update(&p.table, func() { p.table.Add(endpoint, hashes, now.UnixMilli(), expires) })
+	p.stored.update(&p.table, func() { p.table.Add(endpoint, hashes, blocks, now.UnixMilli(), expires) })
+}
+
+// since calls fn with the endpoint and blocks of every placement made after
+// since, as of the last read.
+func (p *placements) since(since time.Time, fn func(endpoint uint64, blocks int)) {
+	p.table.Since(since.UnixMilli(), time.Now().UnixMilli(), fn)
 }

@@ -185,6 +185,11 @@ type Local struct {
 	// the snapshot shows them only a prefill and a sync later, and a
 	// request sharing the prefix that comes meanwhile must see them.
 	Blocks int
+	// Pending is the blocks of new prompts this gateway sent the endpoint
+	// since the snapshot was built: its cache holds them, or soon will,
+	// and the snapshot does not show them yet. They count in how full its
+	// cache is when a new prefix is placed.
+	Pending int
 }
 
 // Request is what Pick decides on.

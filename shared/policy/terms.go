@@ -119,8 +119,14 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	c.fill = -1
 	if capacity := float64(e.IndexCapacity()); capacity > 0 {
 		c.capacity = capacity
+		// The index's blocks, and those of the prompts this gateway
+		// placed since the snapshot was built. Not the backlog: a prompt
+		// in flight shows in the index once its routing report is in
+		// (cachesync's pending blocks), long before its first token, and
+		// counted twice meanwhile, it made one endpoint look a group
+		// fuller than another for half a second in every warm-up.
 		held := float64(e.IndexBlocks())
-		c.fill = (held + c.f.Backlog/j.blockTokens) / capacity
+		c.fill = (held + float64(local.Pending)) / capacity
 		added := float64(j.blocks - int(mt.Blocks))
 		// A block another endpoint already holds is a copy: the pool's
 		// room for it is spent twice, so it is priced as the eviction it

@@ -10,6 +10,10 @@
 // worker VM records what it sent where in one Envoy shared-data value, and
 // reads it for the policy as a lower bound of what each endpoint will hold.
 //
+// Each entry also says when the prompt was placed and how many blocks it
+// brings the endpoint, so that the policy can count a placement the
+// snapshot cannot show yet in how full the endpoint's cache is (Since).
+//
 // A prompt is recorded by samples of its chained block hashes, one every
 // Stride blocks: two prompts whose samples agree up to depth d share their
 // first d blocks (a chained hash names its whole prefix), so a match is
@@ -18,8 +22,8 @@
 // Encoding, little endian:
 //
 //	"KVPL" u16 version u16 entries
-//	per entry: u64 endpoint hash, i64 expiry (unix ms), u16 samples,
-//	           samples x u64 block hash
+//	per entry: u64 endpoint hash, i64 expiry (unix ms), i64 placed at
+//	           (unix ms), u32 blocks, u16 samples, samples x u64 block hash
 //
 // A Table is decoded into and reused, so the request path does not allocate
 // once its slices have grown.
@@ -32,9 +36,9 @@ import (
 
 const (
 	magic     = "KVPL"
-	version   = 1
+	version   = 2
 	headSize  = 8
-	entryHead = 18
+	entryHead = 30
 	// Stride is the distance, in blocks, between a prompt's samples.
 	Stride = 16
 	// MaxSamples bounds one entry: prompts are matched up to
@@ -61,6 +65,8 @@ var ErrCorrupt = errors.New("placed: corrupt table")
 type Entry struct {
 	Endpoint uint64 // hash of the endpoint's address
 	Expires  int64  // unix milliseconds
+	At       int64  // when it was placed, unix milliseconds
+	Blocks   int    // the prompt's blocks the endpoint did not hold
 	Samples  []uint64
 }
 
@@ -90,13 +96,13 @@ func (t *Table) Decode(b []byte) error {
 			t.reset()
 			return ErrCorrupt
 		}
-		k := int(le.Uint16(b[16:]))
+		k := int(le.Uint16(b[28:]))
 		if k > MaxSamples || len(b) < entryHead+8*k {
 			t.reset()
 			return ErrCorrupt
 		}
 		e := t.grow()
-		e.Endpoint, e.Expires = le.Uint64(b), int64(le.Uint64(b[8:]))
+		e.Endpoint, e.Expires, e.At, e.Blocks = le.Uint64(b), int64(le.Uint64(b[8:])), int64(le.Uint64(b[16:])), int(le.Uint32(b[24:]))
 		for i := range k {
 			e.Samples = append(e.Samples, le.Uint64(b[entryHead+8*i:]))
 		}
@@ -117,6 +123,8 @@ func (t *Table) Append(dst []byte) []byte {
 	for _, e := range t.entries {
 		dst = le.AppendUint64(dst, e.Endpoint)
 		dst = le.AppendUint64(dst, uint64(e.Expires))
+		dst = le.AppendUint64(dst, uint64(e.At))
+		dst = le.AppendUint32(dst, uint32(e.Blocks))
 		dst = le.AppendUint16(dst, uint16(len(e.Samples)))
 		for _, s := range e.Samples {
 			dst = le.AppendUint64(dst, s)
@@ -125,11 +133,11 @@ func (t *Table) Append(dst []byte) []byte {
 	return dst
 }
 
-// Add records that the prompt of chained block hashes went to endpoint
-// until expires, dropping the entries expired at now, and the oldest if the
-// table is full. A prompt shorter than a stride is not recorded: it has
-// nothing to match.
-func (t *Table) Add(endpoint uint64, hashes []uint64, now, expires int64) {
+// Add records that the prompt of chained block hashes went to endpoint at
+// now, bringing it blocks it did not hold, until expires; it drops the
+// entries expired at now, and the oldest if the table is full. A prompt
+// shorter than a stride is not recorded: it has nothing to match.
+func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, now, expires int64) {
 	kept := t.entries[:0]
 	for _, e := range t.entries {
 		if e.Expires > now {
@@ -151,7 +159,7 @@ func (t *Table) Add(endpoint uint64, hashes []uint64, now, expires int64) {
 		t.entries = t.entries[:len(t.entries)-1]
 	}
 	e := t.grow()
-	e.Endpoint, e.Expires = endpoint, expires
+	e.Endpoint, e.Expires, e.At, e.Blocks = endpoint, expires, now, min(max(blocks, 0), 1<<31-1)
 	for i := range k {
 		e.Samples = append(e.Samples, hashes[(i+1)*Stride-1])
 	}
@@ -171,6 +179,16 @@ func (t *Table) Match(hashes []uint64, now int64, fn func(endpoint uint64, block
 		}
 		if k > 0 {
 			fn(e.Endpoint, k*Stride)
+		}
+	}
+}
+
+// Since calls fn with the endpoint and blocks of every entry live at now
+// that was placed after since.
+func (t *Table) Since(since, now int64, fn func(endpoint uint64, blocks int)) {
+	for _, e := range t.entries {
+		if e.Expires > now && e.At > since {
+			fn(e.Endpoint, e.Blocks)
 		}
 	}
 }
