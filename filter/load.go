@@ -80,8 +80,8 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) 
 	if t.placed.read() {
 		t.placed.match(hashes, t.addPlaced)
 		// A placement's report reaches the index within two ticks (the
-	// fetcher's next, then cachesync's next build); one made since is not
-	// in this snapshot yet, but fills the endpoint's cache all the same.
+		// fetcher's next, then cachesync's next build); one made since is not
+		// in this snapshot yet, but fills the endpoint's cache all the same.
 		t.placed.since(m.Created().Add(-2*t.tick), t.addPending)
 	}
 	if session != 0 {

@@ -167,9 +167,9 @@ type Stage struct {
 	PerEngine []int   `json:"requests_per_engine"`
 	// PrefilledPerEngine is the prompt tokens each engine computed (not
 	// served from its cache).
-	PrefilledPerEngine []int `json:"prompt_tokens_prefilled_per_engine,omitempty"`
-	Prefilled   float64 `json:"prompt_tokens_prefilled"`
-	Preemptions float64 `json:"preemptions"`
+	PrefilledPerEngine []int   `json:"prompt_tokens_prefilled_per_engine,omitempty"`
+	Prefilled          float64 `json:"prompt_tokens_prefilled"`
+	Preemptions        float64 `json:"preemptions"`
 	// Goodput is the requests per second meeting the workload's goodput
 	// SLOs, GoodShare their share of the answered requests (inference-perf's
 	// goodput report); both 0 without Workload.Goodput.

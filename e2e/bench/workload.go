@@ -159,7 +159,7 @@ var Workloads = []*Workload{
 		Description: "prefill-bound: 16 tenants x 5 users, 6,000-token system prompts, 1,200-token questions, 100-200 output tokens, Poisson",
 		Scaling: "llm-d's b2b-saas is 150 groups x 5 on 8 pods of 307k KV tokens (prefixes 37% of the pool's KV); " +
 			"16 groups on 4 pods of 65.5k keep 37%, with the same prompt and question lengths",
-		Data:  sharedPrefix(16, 5, 6000, 1200, spread(100, 200), false),
+		Data: sharedPrefix(16, 5, 6000, 1200, spread(100, 200), false),
 		// From light load past every arm's knee (the best reach 48-56; the
 		// client offers at most about 56 req/s from this machine kind).
 		Rates: []float64{8, 24, 40, 48, 56},
@@ -222,7 +222,7 @@ var Workloads = []*Workload{
 		Goodput:    map[string]float64{"ttft": 2, "tpot": 0.05},
 		Arms:       []string{"envoy-least-request", "kvroute-precise", "kvroute-prefill", "kvroute-decode", "sglang-router"},
 		WarmupRate: 2, WarmupSeconds: 30,
-		Extended:   true,
+		Extended: true,
 	},
 	{
 		Name: realWorkload,
@@ -267,7 +267,7 @@ func sharedFraction(pct int, rates []float64) *Workload {
 		SLO:        2 * time.Second,
 		Arms:       []string{"kvroute-precise", "sglang-router", "vllm-router"},
 		WarmupRate: 2, WarmupSeconds: 30,
-		Extended:   true,
+		Extended: true,
 	}
 }
 
