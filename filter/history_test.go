@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/filter/internal/inflight"
+	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
@@ -57,5 +58,57 @@ func TestHistoryAtLoad(t *testing.T) {
 	}
 	if got := h.atLoadOf(m.Generation()+1, 0); got != -1 {
 		t.Errorf("another generation's slot: %d, want -1", got)
+	}
+}
+
+// TestPendingPlacements: a placement counts in its endpoint's fill until
+// the snapshot can show it: two ticks after its report where reports show
+// at once, two ticks after its predicted first token where only KV events
+// do.
+func TestPendingPlacements(t *testing.T) {
+	const tick = 100 * time.Millisecond
+	built := time.UnixMilli(1_790_000_000_000)
+	reports, events := "10.0.0.1:8000", "10.0.0.2:8000"
+	bl, err := snapshot.NewBuilder(snapshot.BuilderConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, info := range []snapshot.EndpointInfo{
+		{Addr: reports, Health: snapshot.HealthHealthy, ShowsReports: true},
+		{Addr: events, Health: snapshot.HealthHealthy},
+	} {
+		if _, err := bl.SetEndpoint(info); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bu, err := snapshot.ParseBundle(bl.Build(built).AppendBundle(nil, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := bu.Manifest()
+	tr := newLoadTracker(1, time.Minute, time.Minute, tick)
+	tr.slotOf = map[uint64]int{endpointHash(reports): 0, endpointHash(events): 1}
+	tr.local = make([]policy.Local, 2)
+	ms := built.UnixMilli()
+	far := time.Now().Add(time.Hour).UnixMilli()
+	h := make([]uint64, 32)
+	for i := range h {
+		h[i] = uint64(i + 1)
+	}
+	for _, p := range []struct {
+		endpoint     string
+		blocks       int
+		ttft, placed int64 // ms; placed relative to the build
+	}{
+		{reports, 1, 0, -300},      // reported, and built in
+		{reports, 10, 0, -100},     // reported after the build's cut
+		{events, 100, 1500, -1000}, // still prefilling at the build
+		{events, 1000, 500, -3000}, // prefilled and evented long before
+	} {
+		tr.placed.table.Add(endpointHash(p.endpoint), h, p.blocks, p.ttft, ms+p.placed, far)
+	}
+	tr.pending(m)
+	if got := []int{tr.local[0].Pending, tr.local[1].Pending}; got[0] != 10 || got[1] != 100 {
+		t.Errorf("pending blocks %v, want [10 100]", got)
 	}
 }

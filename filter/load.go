@@ -5,6 +5,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/kvroute/kvroute/filter/internal/inflight"
+	"github.com/kvroute/kvroute/filter/internal/placed"
 	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
@@ -79,10 +80,7 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) 
 	clear(t.local)
 	if t.placed.read() {
 		t.placed.match(hashes, t.addPlaced)
-		// A placement's report reaches the index within two ticks (the
-		// fetcher's next, then cachesync's next build); one made since is not
-		// in this snapshot yet, but fills the endpoint's cache all the same.
-		t.placed.since(m.Created().Add(-2*t.tick), t.addPending)
+		t.pending(m)
 	}
 	if session != 0 {
 		if ep, ok := t.sessions.lookup(session); ok {
@@ -107,10 +105,28 @@ func (t *loadTracker) addPlaced(endpoint uint64, blocks int) {
 	}
 }
 
-func (t *loadTracker) addPending(endpoint uint64, blocks int) {
-	if i, ok := t.slotOf[endpoint]; ok {
-		t.local[i].Pending += blocks
-	}
+// pending counts, per slot of m, the blocks of the prompts this gateway
+// placed that m cannot show yet but the engine's cache will hold. A
+// placement's report reaches cachesync within two ticks (the fetcher's
+// next, then cachesync's next build): an endpoint whose index shows what
+// reports name shows it from then on; one indexed from its KV events alone
+// shows it two ticks after its prefill is predicted to end.
+func (t *loadTracker) pending(m *snapshot.Manifest) {
+	built := m.Created().UnixMilli()
+	lag := 2 * t.tick.Milliseconds()
+	t.placed.table.Live(time.Now().UnixMilli(), func(e *placed.Entry) {
+		i, ok := t.slotOf[e.Endpoint]
+		if !ok {
+			return
+		}
+		shown := e.At + lag
+		if !m.Endpoint(i).ShowsReports() {
+			shown += e.TTFT
+		}
+		if shown > built {
+			t.local[i].Pending += e.Blocks
+		}
+	})
 }
 
 func (t *loadTracker) add(e inflight.Entry) {

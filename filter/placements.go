@@ -42,12 +42,7 @@ func (p *placements) add(endpoint uint64, hashes []uint64, blocks int, ttft time
 		return
 	}
 	now := time.Now()
-	expires := now.Add(2*min(ttft, time.Minute) + placedLinger).UnixMilli()
-	p.stored.update(&p.table, func() { p.table.Add(endpoint, hashes, blocks, now.UnixMilli(), expires) })
-}
-
-// since calls fn with the endpoint and blocks of every placement made after
-// since, as of the last read.
-func (p *placements) since(since time.Time, fn func(endpoint uint64, blocks int)) {
-	p.table.Since(since.UnixMilli(), time.Now().UnixMilli(), fn)
+	ttft = min(ttft, time.Minute)
+	expires := now.Add(2*ttft + placedLinger).UnixMilli()
+	p.stored.update(&p.table, func() { p.table.Add(endpoint, hashes, blocks, ttft.Milliseconds(), now.UnixMilli(), expires) })
 }

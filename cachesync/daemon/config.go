@@ -19,13 +19,6 @@ import (
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
-// DefaultPendingTTL is how long a reported block of an engine with KV
-// events counts before its events confirm it: longer than a long prompt's
-// prefill. Gateways count the prompts they placed since the snapshot was
-// built, and nothing older, as filling an engine's cache: with pending
-// blocks, the snapshot shows a prompt from its routing report on.
-const DefaultPendingTTL = 10 * time.Second
-
 // Config is the daemon's configuration: flags, each of which can also come
 // from the environment as CACHESYNC_<FLAG> (upper case, dashes as
 // underscores); a flag on the command line wins.
@@ -97,7 +90,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.ScrapeMisses, "scrape-misses", scrape.DefaultMisses, "failed scrapes in a row before an engine is unhealthy")
 	fs.Float64Var(&c.Calibration.Default, "prefill-rate", calibrate.DefaultRate, "prefill tokens/s assumed until calibrated")
 	fs.Float64Var(&c.Calibration.Ceiling, "prefill-rate-max", 0, "highest calibrated prefill rate accepted (default 4x -prefill-rate)")
-	fs.DurationVar(&c.PendingTTL, "pending-ttl", DefaultPendingTTL, "how long a block a routing report names for an engine with KV events counts before the engine's events confirm it (0: off)")
+	fs.DurationVar(&c.PendingTTL, "pending-ttl", 0, "experimental: how long a block a routing report names for an engine with KV events counts before the engine's events confirm it (0: off; the benchmark runs 10s)")
 	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token: sizes approximate indexes, and the filters estimate prompt tokens by it (sent in the snapshot)")
 	fs.DurationVar(&c.TemplateCheck, "template-check", DefaultTemplateCheck, "how often each engine with KV events renders a probe set through its /tokenize, to check its chat template against the gateways' (an engine that disagrees is indexed approximately); negative: never")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")

@@ -420,6 +420,7 @@ func (d *Daemon) update(e *engine) {
 	}
 	info.IndexCapacity = e.capacity
 	info.Template = e.template.renders
+	info.ShowsReports = !e.precise || d.cfg.PendingTTL > 0
 	info.Model = d.models.model(e.d.Addr, max(info.PrefillRate, 1))
 	if e.d.Draining {
 		info.Health = snapshot.HealthDraining

@@ -151,7 +151,7 @@ func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tool
 				spec[i] += "?events=" + e.EventsEndpoint() + "&replay=" + e.ReplayEndpoint()
 			}
 		}
-		args := []string{"-engines", strings.Join(spec, ","), "-report-token", reportToken, "-scrape-interval", "250ms", "-log-level", "warn"}
+		args := []string{"-engines", strings.Join(spec, ","), "-report-token", reportToken, "-scrape-interval", "250ms", "-pending-ttl", "10s", "-log-level", "warn"}
 		if precise {
 			args = append(args, "-tokenizer", "cl100k_base")
 		}

@@ -47,6 +47,12 @@ type EndpointInfo struct {
 	Waiting       int     // requests queued (vllm:num_requests_waiting)
 	KVCacheUsage  float64 // fraction of KV-cache blocks in use, 0..1
 	PrefillTokens int     // uncached prompt tokens in flight as cachesync estimates them
+	// ShowsReports says the index shows the blocks a gateway's routing
+	// report names from the report on: the endpoint is approximate, or
+	// cachesync counts reported blocks as pending until its KV events
+	// confirm them. Otherwise the engine's events show a prompt only once
+	// it is prefilled.
+	ShowsReports bool
 	// LoadAt is when Running, Waiting and KVCacheUsage were read from the
 	// engine (its last scrape); zero if not known. A gateway subtracts its
 	// own requests in flight at that moment to tell the others' load from

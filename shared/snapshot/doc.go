@@ -91,7 +91,11 @@
 //	20   1     health: 0 unknown, 1 healthy, 2 draining, 3 unhealthy
 //	21   1     the chat template its engine renders with, a prompt.Template;
 //	           0 (plain) when not known
-//	22   2     reserved, 0
+//	22   1     flags: bit 0, the index shows what gateways' routing reports
+//	           name from the report on (the endpoint is approximate, or
+//	           cachesync counts reported blocks as pending until its KV
+//	           events confirm them); the other bits 0
+//	23   1     reserved, 0
 //	24   4     running requests
 //	28   4     waiting requests
 //	32   4     in-flight prefill tokens

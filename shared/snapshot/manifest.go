@@ -163,7 +163,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 	r := e.r
 	addrOff, addrLen := uint64(le.Uint32(r[8:])), uint64(le.Uint16(r[12:]))
 	names, idOff := uint64(le.Uint16(r[14:])), uint64(le.Uint32(r[16:]))
-	if r[22]|r[23] != 0 || le.Uint64(r[88:]) != 0 || !prompt.Template(r[21]).Known() {
+	if r[22] > 1 || r[23] != 0 || le.Uint64(r[88:]) != 0 || !prompt.Template(r[21]).Known() {
 		return false
 	}
 	if addrLen == 0 { // vacant: nothing else may be set
@@ -277,6 +277,10 @@ func (e Endpoint) Waiting() int { return int(le.Uint32(e.r[28:])) }
 // estimates them.
 func (e Endpoint) PrefillTokens() int { return int(le.Uint32(e.r[32:])) }
 
+// ShowsReports reports whether the index shows the blocks a routing report
+// names from the report on (see EndpointInfo.ShowsReports).
+func (e Endpoint) ShowsReports() bool { return e.r[22]&1 != 0 }
+
 // LoadAt returns when the engine's running and waiting requests and its
 // KV-cache usage were read (cachesync's last scrape of it), to the
 // millisecond; ok is false when not known.
@@ -359,6 +363,9 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 			le.PutUint32(r[16:], uint32(idOff[i]))
 			r[20] = byte(e.info.Health)
 			r[21] = byte(e.info.Template)
+			if e.info.ShowsReports {
+				r[22] = 1
+			}
 			le.PutUint32(r[24:], uint32(e.info.Running))
 			le.PutUint32(r[28:], uint32(e.info.Waiting))
 			le.PutUint32(r[32:], uint32(e.info.PrefillTokens))

@@ -57,6 +57,9 @@ func TestRoundTrip(t *testing.T) {
 	if at, ok := e.LoadAt(); !ok || !at.Equal(epoch.Add(-750*time.Millisecond)) {
 		t.Errorf("endpoint 3's load read at %v (%v), want 750 ms before the build", at, ok)
 	}
+	if e.ShowsReports() == man.Endpoint(2).ShowsReports() || !e.ShowsReports() {
+		t.Errorf("endpoints 3 and 2 show reports: %v and %v, want true and false", e.ShowsReports(), man.Endpoint(2).ShowsReports())
+	}
 	if at, ok := man.Endpoint(2).LoadAt(); ok {
 		t.Errorf("endpoint 2's load read at %v, want unknown", at)
 	}

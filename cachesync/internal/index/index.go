@@ -306,7 +306,7 @@ func sameInfo(a, b *snapshot.EndpointInfo) bool {
 	return a.Addr == b.Addr && slices.Equal(a.Models, b.Models) && slices.Equal(a.Adapters, b.Adapters) &&
 		a.Health == b.Health && a.Running == b.Running && a.Waiting == b.Waiting &&
 		a.KVCacheUsage == b.KVCacheUsage && a.PrefillTokens == b.PrefillTokens &&
-		a.PrefillRate == b.PrefillRate && a.Template == b.Template && a.LoadAt.Equal(b.LoadAt) &&
+		a.PrefillRate == b.PrefillRate && a.Template == b.Template && a.LoadAt.Equal(b.LoadAt) && a.ShowsReports == b.ShowsReports &&
 		a.IndexCapacity == b.IndexCapacity && a.Model == b.Model
 }
 

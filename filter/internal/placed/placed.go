@@ -10,9 +10,10 @@
 // worker VM records what it sent where in one Envoy shared-data value, and
 // reads it for the policy as a lower bound of what each endpoint will hold.
 //
-// Each entry also says when the prompt was placed and how many blocks it
-// brings the endpoint, so that the policy can count a placement the
-// snapshot cannot show yet in how full the endpoint's cache is (Since).
+// Each entry also says when the prompt was placed, when its first token is
+// predicted, and how many blocks it brings the endpoint, so that the
+// policy can count a placement the snapshot cannot show yet in how full the
+// endpoint's cache is.
 //
 // A prompt is recorded by samples of its chained block hashes, one every
 // Stride blocks: two prompts whose samples agree up to depth d share their
@@ -23,7 +24,8 @@
 //
 //	"KVPL" u16 version u16 entries
 //	per entry: u64 endpoint hash, i64 expiry (unix ms), i64 placed at
-//	           (unix ms), u32 blocks, u16 samples, samples x u64 block hash
+//	           (unix ms), u32 predicted TTFT (ms), u32 blocks, u16 samples,
+//	           samples x u64 block hash
 //
 // A Table is decoded into and reused, so the request path does not allocate
 // once its slices have grown.
@@ -38,7 +40,7 @@ const (
 	magic     = "KVPL"
 	version   = 2
 	headSize  = 8
-	entryHead = 30
+	entryHead = 34
 	// Stride is the distance, in blocks, between a prompt's samples.
 	Stride = 16
 	// MaxSamples bounds one entry: prompts are matched up to
@@ -66,6 +68,7 @@ type Entry struct {
 	Endpoint uint64 // hash of the endpoint's address
 	Expires  int64  // unix milliseconds
 	At       int64  // when it was placed, unix milliseconds
+	TTFT     int64  // its predicted time to first token, milliseconds
 	Blocks   int    // the prompt's blocks the endpoint did not hold
 	Samples  []uint64
 }
@@ -96,13 +99,14 @@ func (t *Table) Decode(b []byte) error {
 			t.reset()
 			return ErrCorrupt
 		}
-		k := int(le.Uint16(b[28:]))
+		k := int(le.Uint16(b[32:]))
 		if k > MaxSamples || len(b) < entryHead+8*k {
 			t.reset()
 			return ErrCorrupt
 		}
 		e := t.grow()
-		e.Endpoint, e.Expires, e.At, e.Blocks = le.Uint64(b), int64(le.Uint64(b[8:])), int64(le.Uint64(b[16:])), int(le.Uint32(b[24:]))
+		e.Endpoint, e.Expires, e.At = le.Uint64(b), int64(le.Uint64(b[8:])), int64(le.Uint64(b[16:]))
+		e.TTFT, e.Blocks = int64(le.Uint32(b[24:])), int(le.Uint32(b[28:]))
 		for i := range k {
 			e.Samples = append(e.Samples, le.Uint64(b[entryHead+8*i:]))
 		}
@@ -124,6 +128,7 @@ func (t *Table) Append(dst []byte) []byte {
 		dst = le.AppendUint64(dst, e.Endpoint)
 		dst = le.AppendUint64(dst, uint64(e.Expires))
 		dst = le.AppendUint64(dst, uint64(e.At))
+		dst = le.AppendUint32(dst, uint32(e.TTFT))
 		dst = le.AppendUint32(dst, uint32(e.Blocks))
 		dst = le.AppendUint16(dst, uint16(len(e.Samples)))
 		for _, s := range e.Samples {
@@ -134,10 +139,11 @@ func (t *Table) Append(dst []byte) []byte {
 }
 
 // Add records that the prompt of chained block hashes went to endpoint at
-// now, bringing it blocks it did not hold, until expires; it drops the
-// entries expired at now, and the oldest if the table is full. A prompt
-// shorter than a stride is not recorded: it has nothing to match.
-func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, now, expires int64) {
+// now, bringing it blocks it did not hold, with its first token predicted
+// ttft milliseconds later, until expires; it drops the entries expired at
+// now, and the oldest if the table is full. A prompt shorter than a stride
+// is not recorded: it has nothing to match.
+func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, ttft, now, expires int64) {
 	kept := t.entries[:0]
 	for _, e := range t.entries {
 		if e.Expires > now {
@@ -159,7 +165,8 @@ func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, now, expires i
 		t.entries = t.entries[:len(t.entries)-1]
 	}
 	e := t.grow()
-	e.Endpoint, e.Expires, e.At, e.Blocks = endpoint, expires, now, min(max(blocks, 0), 1<<31-1)
+	e.Endpoint, e.Expires, e.At = endpoint, expires, now
+	e.TTFT, e.Blocks = min(max(ttft, 0), 1<<32-1), min(max(blocks, 0), 1<<31-1)
 	for i := range k {
 		e.Samples = append(e.Samples, hashes[(i+1)*Stride-1])
 	}
@@ -183,12 +190,11 @@ func (t *Table) Match(hashes []uint64, now int64, fn func(endpoint uint64, block
 	}
 }
 
-// Since calls fn with the endpoint and blocks of every entry live at now
-// that was placed after since.
-func (t *Table) Since(since, now int64, fn func(endpoint uint64, blocks int)) {
-	for _, e := range t.entries {
-		if e.Expires > now && e.At > since {
-			fn(e.Endpoint, e.Blocks)
+// Live calls fn with every entry live at now.
+func (t *Table) Live(now int64, fn func(e *Entry)) {
+	for i := range t.entries {
+		if e := &t.entries[i]; e.Expires > now {
+			fn(e)
 		}
 	}
 }

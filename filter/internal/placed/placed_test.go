@@ -2,6 +2,7 @@ package placed
 
 import (
 	"errors"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -32,10 +33,10 @@ func matches(t *Table, hashes []uint64, now int64) []hit {
 
 func TestMatch(t *testing.T) {
 	var tab Table
-	tab.Add(0xa, prompt(1, 300, 400), 100, 0, 1000)
-	tab.Add(0xd, prompt(4, 0, 2000), 100, 0, 1000) // longer than the samples reach
-	tab.Add(0xb, prompt(2, 100, 120), 100, 0, 1000)
-	tab.Add(0xc, prompt(3, 0, 10), 100, 0, 1000) // shorter than a stride: not recorded
+	tab.Add(0xa, prompt(1, 300, 400), 100, 0, 0, 1000)
+	tab.Add(0xd, prompt(4, 0, 2000), 100, 0, 0, 1000) // longer than the samples reach
+	tab.Add(0xb, prompt(2, 100, 120), 100, 0, 0, 1000)
+	tab.Add(0xc, prompt(3, 0, 10), 100, 0, 0, 1000) // shorter than a stride: not recorded
 	tests := []struct {
 		name   string
 		hashes []uint64
@@ -59,7 +60,7 @@ func TestMatch(t *testing.T) {
 func TestRoundTripAndBounds(t *testing.T) {
 	var tab Table
 	for i := range MaxEntries + 5 {
-		tab.Add(uint64(i), prompt(uint64(i), 0, Stride*(MaxSamples+10)), 100, int64(i), 1_000_000)
+		tab.Add(uint64(i), prompt(uint64(i), 0, Stride*(MaxSamples+10)), 100, 0, int64(i), 1_000_000)
 	}
 	if tab.Len() != MaxEntries {
 		t.Fatalf("%d entries, want the newest %d", tab.Len(), MaxEntries)
@@ -76,7 +77,7 @@ func TestRoundTripAndBounds(t *testing.T) {
 		t.Errorf("the oldest entry survived: %v", h)
 	}
 	// Adding drops what expired.
-	got.Add(1, prompt(1, 0, 100), 100, 2_000_000, 3_000_000)
+	got.Add(1, prompt(1, 0, 100), 100, 0, 2_000_000, 3_000_000)
 	if got.Len() != 1 {
 		t.Errorf("%d entries after the rest expired", got.Len())
 	}
@@ -84,7 +85,7 @@ func TestRoundTripAndBounds(t *testing.T) {
 
 func TestDecodeCorrupt(t *testing.T) {
 	var tab Table
-	tab.Add(1, prompt(1, 0, 100), 100, 0, 10)
+	tab.Add(1, prompt(1, 0, 100), 100, 0, 0, 10)
 	good := tab.Append(nil)
 	for _, b := range [][]byte{
 		[]byte("KVPL"),
@@ -105,7 +106,7 @@ func TestDecodeCorrupt(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	var tab Table
-	tab.Add(1, prompt(1, 0, 100), 100, 0, 10)
+	tab.Add(1, prompt(1, 0, 100), 100, 0, 0, 10)
 	f.Add(tab.Append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var got Table
@@ -123,12 +124,12 @@ func TestNoAllocsOnceGrown(t *testing.T) {
 	h := prompt(1, 0, 700)
 	buf := make([]byte, 0, 1<<16)
 	for range MaxEntries * 2 {
-		tab.Add(1, h, 100, 0, 10)
+		tab.Add(1, h, 100, 0, 0, 10)
 	}
 	buf = tab.Append(buf[:0])
 	n := testing.AllocsPerRun(100, func() {
 		_ = tab.Decode(buf)
-		tab.Add(2, h, 100, 0, 10)
+		tab.Add(2, h, 100, 0, 0, 10)
 		tab.Match(h, 0, func(uint64, int) {})
 	})
 	if n != 0 {
@@ -136,28 +137,24 @@ func TestNoAllocsOnceGrown(t *testing.T) {
 	}
 }
 
-// TestSince: the placements made after a moment (the snapshot's build),
-// with the blocks each brings its endpoint, as the policy counts them in
-// how full the endpoint's cache is; expired ones are left out, and the
-// time and blocks survive the encoding.
-func TestSince(t *testing.T) {
+// TestLive: the live entries, with when each was placed, its predicted
+// time to first token and the blocks it brings its endpoint, through the
+// encoding; expired ones are left out.
+func TestLive(t *testing.T) {
 	var tab Table
-	tab.Add(0xa, prompt(1, 0, 400), 400, 100, 5000)
-	tab.Add(0xb, prompt(2, 0, 300), 250, 200, 5000)
-	tab.Add(0xa, prompt(3, 0, 200), 200, 300, 350)
+	tab.Add(0xa, prompt(1, 0, 400), 400, 700, 100, 5000)
+	tab.Add(0xb, prompt(2, 0, 300), 250, 500, 200, 5000)
+	tab.Add(0xa, prompt(3, 0, 200), 200, 300, 300, 350)
 	var got Table
 	if err := got.Decode(tab.Append(nil)); err != nil {
 		t.Fatal(err)
 	}
-	collect := func(since, now int64) []hit {
-		var out []hit
-		got.Since(since, now, func(e uint64, b int) { out = append(out, hit{e, b}) })
-		return out
-	}
-	if h := collect(150, 320); !slices.Equal(h, []hit{{0xb, 250}, {0xa, 200}}) {
-		t.Errorf("since 150 at 320: %v", h)
-	}
-	if h := collect(0, 400); !slices.Equal(h, []hit{{0xa, 400}, {0xb, 250}}) {
-		t.Errorf("since 0 at 400, the third expired: %v", h)
+	var live []Entry
+	got.Live(400, func(e *Entry) {
+		live = append(live, Entry{Endpoint: e.Endpoint, At: e.At, TTFT: e.TTFT, Blocks: e.Blocks})
+	})
+	want := []Entry{{Endpoint: 0xa, At: 100, TTFT: 700, Blocks: 400}, {Endpoint: 0xb, At: 200, TTFT: 500, Blocks: 250}}
+	if !reflect.DeepEqual(live, want) {
+		t.Errorf("live at 400: %+v, want %+v", live, want)
 	}
 }
