@@ -339,8 +339,7 @@ func (d *Daemon) applyScrape(ctx context.Context, st scrape.State) {
 			d.models.itl(st.Addr, float64(st.Running+prev.Running)/2, mean)
 		}
 	}
-	if prev := e.last; e.scraped && st.Health == snapshot.HealthHealthy &&
-		(st.Prefilled < prev.Prefilled || st.Served < prev.Served || st.ITLCount < prev.ITLCount) {
+	if e.scraped && restarted(&e.last, &st) {
 		// Counters since the engine started went backwards: it started
 		// again, with an empty cache. Reports taught the index what it
 		// held before (events say so themselves).
@@ -428,6 +427,17 @@ func (d *Daemon) update(e *engine) {
 	if err := d.ix.UpdateEndpoint(info); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
 		d.log.Warn("update endpoint", "engine", e.d.Addr, "err", err)
 	}
+}
+
+// restarted reports whether an engine's healthy scrape st shows it started
+// again since prev: a counter that only grows while it runs went back.
+// Not the uncached prompt tokens: the engine counts cache hits when it
+// schedules a prompt and prompt tokens when its prefill ends, so their
+// difference shrinks now and then under load, and taking that for a
+// restart emptied approximate engines' entries every few seconds.
+func restarted(prev, st *scrape.State) bool {
+	return st.Health == snapshot.HealthHealthy &&
+		(st.PromptTokens < prev.PromptTokens || st.Served < prev.Served || st.ITLCount < prev.ITLCount)
 }
 
 // peerRate is the prefill rate to publish for e while it is not

@@ -742,3 +742,26 @@ func TestPeerRate(t *testing.T) {
 		t.Error("an engine alone in its deployment found peers")
 	}
 }
+
+func TestRestarted(t *testing.T) {
+	healthy := snapshot.HealthHealthy
+	prev := scrape.State{Health: healthy, PromptTokens: 1000, Prefilled: 400, Served: 10, ITLCount: 500}
+	tests := []struct {
+		name string
+		st   scrape.State
+		want bool
+	}{
+		{"grew", scrape.State{Health: healthy, PromptTokens: 1200, Prefilled: 450, Served: 11, ITLCount: 600}, false},
+		// Cache hits counted at scheduling ran ahead of prompt tokens
+		// counted at the first token: a busy engine, not a new one.
+		{"prefilled shrank under load", scrape.State{Health: healthy, PromptTokens: 1100, Prefilled: 300, Served: 11, ITLCount: 600}, false},
+		{"counters from zero", scrape.State{Health: healthy, PromptTokens: 50, Prefilled: 50, Served: 1, ITLCount: 10}, true},
+		{"served went back", scrape.State{Health: healthy, PromptTokens: 1100, Served: 2, ITLCount: 600}, true},
+		{"unhealthy, its counters kept", scrape.State{Health: snapshot.HealthUnhealthy}, false},
+	}
+	for _, tt := range tests {
+		if got := restarted(&prev, &tt.st); got != tt.want {
+			t.Errorf("%s: restarted %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}

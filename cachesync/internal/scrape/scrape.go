@@ -93,6 +93,12 @@ type State struct {
 	// Prefilled counts the uncached prompt tokens the engine has computed
 	// since it started.
 	Prefilled float64
+	// PromptTokens counts every prompt token the engine has taken, cached
+	// or not. Like Served and ITLCount it only grows while the engine runs
+	// (Prefilled, a difference of two counters the engine updates at
+	// different moments, may not), so a drop in one of them means the
+	// engine started again.
+	PromptTokens float64
 	// Misses counts the failed scrapes since the last success.
 	Misses int
 	// Err is the last scrape's error, "" after a success.
@@ -371,6 +377,7 @@ func (p *poller) scrape(ctx context.Context) {
 	st.Served = m.Requests
 	st.ITLSeconds, st.ITLCount = m.ITLSeconds, m.ITLCount
 	st.Prefilled = max(0, m.PromptTokens-m.CachedTokens)
+	st.PromptTokens = m.PromptTokens
 	st.Misses, st.Err, st.Scraped = 0, "", at
 	p.update(st)
 }
