@@ -48,6 +48,21 @@ func serverAddrs(ss []*llamacpp.Server) []string {
 	return out
 }
 
+// llamaPool starts two servers of two 2,048-token slots, cachesync and a
+// gateway in front of them, and waits until cachesync has calibrated both.
+func llamaPool(t *testing.T) ([]*llamacpp.Server, *runningDaemon, *gateway) {
+	t.Helper()
+	ss := startLlamaServers(t, 2, llamacpp.Config{Slots: 2, Context: 2048})
+	addrs := serverAddrs(ss)
+	cs := startDaemon(t, "127.0.0.1:0", addrs, false)
+	g := llamaGateway(t, addrs, cs.addr)
+	waitFor(t, 30*time.Second, "both servers healthy", func() bool {
+		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_health{health="healthy"} 2`)
+	})
+	calibrated(t, cs, ss)
+	return ss, cs, g
+}
+
 // llamaGateway runs the shipped envoy.yaml in front of llama.cpp servers,
 // with one request per upstream connection, as the README advises for
 // them: llama-server closes the connection after every streamed response.
@@ -151,14 +166,8 @@ func readCounters(t *testing.T, ss []*llamacpp.Server) []llamacpp.Counters {
 // (each server's slots hold exactly two prompts), and the servers' own
 // counters show the prompts served from their caches.
 func TestRealEngineAffinity(t *testing.T) {
-	ss := startLlamaServers(t, 2, llamacpp.Config{Slots: 2, Context: 2048})
+	ss, cs, g := llamaPool(t)
 	addrs := serverAddrs(ss)
-	cs := startDaemon(t, "127.0.0.1:0", addrs, false)
-	g := llamaGateway(t, addrs, cs.addr)
-	waitFor(t, 30*time.Second, "both servers healthy", func() bool {
-		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_health{health="healthy"} 2`)
-	})
-	calibrated(t, cs, ss)
 
 	type req struct{ tenant, question int }
 	var order []req
@@ -218,14 +227,7 @@ func TestRealEngineAffinity(t *testing.T) {
 // restart with an empty cache is forgotten by the index and takes new
 // tenants again.
 func TestRealEngineRestart(t *testing.T) {
-	ss := startLlamaServers(t, 2, llamacpp.Config{Slots: 2, Context: 2048})
-	addrs := serverAddrs(ss)
-	cs := startDaemon(t, "127.0.0.1:0", addrs, false)
-	g := llamaGateway(t, addrs, cs.addr)
-	waitFor(t, 30*time.Second, "both servers healthy", func() bool {
-		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_health{health="healthy"} 2`)
-	})
-	calibrated(t, cs, ss)
+	ss, cs, g := llamaPool(t)
 	ask := func(tenant, q int) string {
 		t.Helper()
 		code, d := post(t, g.client, g.url, llamaChat(handbook(tenant), "Question "+strconv.Itoa(q)+": which depot?"))
