@@ -34,7 +34,12 @@
 // endpoint (Config.OthersWeight): every step that prefills its uncached
 // tokens or decodes one of its tokens is longer for each of them, so a
 // request does not leave a warm endpoint for a slightly faster batch and
-// stall a cold one with a full prefill. And the eviction price is added,
+// stall a cold one with a full prefill. Where the request's uncached
+// blocks and its output's do not fit in the KV cache the running requests
+// left free at the scrape (less this gateway's prefill sent there since),
+// the engine will preempt one of them and prefill it again: the overflow
+// counts toward the others' cost as prefill of its own would. And the
+// eviction price is added,
 // Config.EvictionWeight times the prefill time of the cached blocks the
 // request's new blocks would push out of the endpoint's cache: its new
 // blocks times how full the cache is (the index's blocks over its

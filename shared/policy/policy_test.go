@@ -242,6 +242,28 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
+			name: "a copy is made while the running requests leave its blocks room",
+			eps: []ep{{info: withCapacity(withRunning(healthy(6*second), 2), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10},
+				{info: withUsage(withCapacity(withRunning(healthy(0), 2), 100000), 0.5)}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
+			// A 32,000-token prompt in the last 0.1% of 1.6 M tokens of KV:
+			// nearly all of it is prefilled again for a preempted request,
+			// stalling the others there.
+			name: "but not into a KV cache the running requests fill: what it preempts is prefilled again",
+			eps: []ep{{info: withCapacity(withRunning(healthy(6*second), 2), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10},
+				{info: withUsage(withCapacity(withRunning(healthy(0), 2), 100000), 0.999)}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			name: "a stale snapshot's KV usage is not read",
+			eps: []ep{{info: withCapacity(healthy(0), 100000), blocks: promptBlocks, gpu: promptBlocks},
+				{info: withUsage(withCapacity(healthy(0), 100000), 1)}},
+			req:  Request{Stale: true, Local: []Local{{PrefillTokens: 20 * second}, {Requests: 6}}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
 			name: "this gateway's own in-flight load counts",
 			eps:  []ep{cold(0), cold(0)},
 			req:  Request{Local: []Local{{PrefillTokens: 2 * second, Requests: 3}}},
@@ -313,6 +335,11 @@ func TestPick(t *testing.T) {
 
 func withRunning(e snapshot.EndpointInfo, n int) snapshot.EndpointInfo {
 	e.Running = n
+	return e
+}
+
+func withUsage(e snapshot.EndpointInfo, usage float64) snapshot.EndpointInfo {
+	e.KVCacheUsage = usage
 	return e
 }
 

@@ -68,6 +68,9 @@ type cand struct {
 //	price = TTFT + out·ITL (auto) | TTFT (prefill) | out·ITL + TTFT/out (decode)
 //	        + OthersWeight · others + EvictionWeight · eviction
 //
+// others also counts the recompute of what the engine preempts when the
+// request's blocks do not fit beside the running requests' (preempted).
+//
 // others is what the request's own work costs the requests that share the
 // endpoint with it: every step that prefills its uncached tokens, and every
 // step it decodes in, is longer for each request running or queued there.
@@ -115,6 +118,15 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	share := c.f.Running + c.f.Waiting
 	prefillCost, decodeCost := c.uncached*mdl.PerUncachedToken()*share, j.output*mdl.PerRunning()*share
 
+	// Tokens the engine must prefill again because this request's blocks
+	// did not fit beside the running requests': it preempts its newest
+	// request and recomputes it later, a prefill that stalls every batch
+	// it lands in, as the request's own does.
+	recompute := 0.0
+	if !stale {
+		recompute = c.preempted(e, local, j) * mdl.PerUncachedToken() * share
+	}
+
 	c.prefill = c.uncached * mdl.PerUncachedToken()
 	c.fill = -1
 	if capacity := float64(e.IndexCapacity()); capacity > 0 {
@@ -147,7 +159,27 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	default:
 		c.price, c.others = c.ttft+j.output*c.itl, prefillCost+decodeCost
 	}
+	c.others += recompute
 	c.price += cfg.OthersWeight*c.others + cfg.EvictionWeight*c.evict
+}
+
+// preempted estimates the tokens request j would push out of the blocks
+// held by the requests running on e: the KV cache the engine reported in
+// use at its scrape, plus the prefill this gateway has sent there since
+// (allocated before j's, ahead of it in the queue), leaves too little room
+// for j's uncached blocks and the blocks its output will take. Unknown
+// usage or capacity, and room enough, cost nothing. A warm endpoint's
+// cache hits are blocks the running requests may share; this counts them
+// as free, which only an engine whose prefix sits in no running request
+// gets wrong, and then by the prefix alone.
+func (c *cand) preempted(e snapshot.Endpoint, local Local, j *job) float64 {
+	usage, capacity := e.KVCacheUsage(), float64(e.IndexCapacity())
+	if !(usage > 0) || capacity <= 0 {
+		return 0
+	}
+	free := (1-min(usage, 1))*capacity*j.blockTokens - float64(local.PrefillTokens)
+	need := c.uncached + j.output
+	return min(max(need-free, 0), need)
 }
 
 func (c *cand) meets(j *job) bool {
