@@ -60,7 +60,7 @@ test: $(SETUP_STAMP) vet wasm build/wasmexec
 # cores, once). test-real runs the tests that need it: real engines behind
 # real Envoy, and llama.cpp's Jinja against kvroute's templates.
 LLAMA_CPP_PYTHON := 0.3.36
-LLAMACPP_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvroute/llama.cpp-$(LLAMA_CPP_PYTHON)
+LLAMACPP_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvroute/llama.cpp-$(LLAMA_CPP_PYTHON)-avx2
 llamacpp:
 	LLAMA_CPP_PYTHON=$(LLAMA_CPP_PYTHON) e2e/llamacpp/build.sh $(LLAMACPP_DIR)
 
