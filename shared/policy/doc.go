@@ -36,7 +36,7 @@
 // request does not leave a warm endpoint for a slightly faster batch and
 // stall a cold one with a full prefill. Where the request's uncached
 // blocks and its output's do not fit in the KV cache the running requests
-// left free at the scrape (less this gateway's prefill sent there since),
+// left free at the scrape (less this gateway's prefill in flight there),
 // the engine will preempt one of them and prefill it again: the overflow
 // counts toward the others' cost as prefill of its own would. And the
 // eviction price is added,

@@ -68,9 +68,6 @@ type cand struct {
 //	price = TTFT + out·ITL (auto) | TTFT (prefill) | out·ITL + TTFT/out (decode)
 //	        + OthersWeight · others + EvictionWeight · eviction
 //
-// others also counts the recompute of what the engine preempts when the
-// request's blocks do not fit beside the running requests' (preempted).
-//
 // others is what the request's own work costs the requests that share the
 // endpoint with it: every step that prefills its uncached tokens, and every
 // step it decodes in, is longer for each request running or queued there.
@@ -82,6 +79,9 @@ type cand struct {
 // of it once the cache would overflow; blocks another endpoint already
 // holds count in full, empty cache or not, so a prefix is copied only when
 // the queue at its holder costs more than a cold prefill plus the room.
+//
+// others also counts the recompute of what the engine preempts when the
+// request's blocks do not fit beside the running requests' (preempted).
 func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int32, local Local, stale bool, j *job) {
 	cfg := &p.cfg
 	eff := float64(mt.GPU) + cfg.CPUDiscount*float64(mt.Blocks-mt.GPU)
@@ -165,9 +165,10 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 
 // preempted estimates the tokens request j would push out of the blocks
 // held by the requests running on e: the KV cache the engine reported in
-// use at its scrape, plus the prefill this gateway has sent there since
-// (allocated before j's, ahead of it in the queue), leaves too little room
-// for j's uncached blocks and the blocks its output will take. Unknown
+// use at its scrape, and the prefill this gateway still has in flight
+// there (ahead of j in the queue; the scrape may count some of it already,
+// which errs toward less room), leave too little for j's uncached blocks
+// and the blocks its output will take. Unknown
 // usage or capacity, and room enough, cost nothing. A warm endpoint's
 // cache hits are blocks the running requests may share; this counts them
 // as free, which only an engine whose prefix sits in no running request
