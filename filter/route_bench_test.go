@@ -20,23 +20,14 @@ import (
 // record it then encodes. The hostcalls around it are BenchmarkModuleCallbacks'
 // (e2e). go test ./filter -run '^$' -bench Route
 func BenchmarkRoute(b *testing.B) {
-	cfg := defaultConfig()
-	cfg.template, cfg.autoTemplate = prompt.ChatML, false
-	cfg.endpoints = []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
-	if err := cfg.finish(); err != nil {
-		b.Fatal(err)
-	}
+	cfg := chatMLConfig(b, "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")
 	for _, size := range []int{2 << 10, 16 << 10, 128 << 10, 512 << 10} {
 		body := benchBody(size)
 		r, err := newRouter(cfg, 1)
 		if err != nil {
 			b.Fatal(err)
 		}
-		p, err := prompt.Render(nil, body, cfg.template)
-		if err != nil {
-			b.Fatal(err)
-		}
-		hashes := blockhash.Append(nil, blockhash.Seed(p.Model, ""), p.Text, cfg.hashing)
+		p, hashes := chain(b, cfg, body)
 		view := testView(b, cfg.endpoints, hashes)
 		locals := func(*snapshot.View, []uint64, uint64) []policy.Local { return nil }
 		name := strconv.Itoa(size>>10) + "KiB"
@@ -108,6 +99,27 @@ func BenchmarkRoute(b *testing.B) {
 			}
 		})
 	}
+}
+
+// chatMLConfig is the default configuration with a fixed ChatML template
+// and endpoints eps.
+func chatMLConfig(tb testing.TB, eps ...string) config {
+	cfg := defaultConfig()
+	cfg.template, cfg.autoTemplate = prompt.ChatML, false
+	cfg.endpoints = eps
+	if err := cfg.finish(); err != nil {
+		tb.Fatal(err)
+	}
+	return cfg
+}
+
+// chain renders body's prompt under cfg and hashes all of it.
+func chain(tb testing.TB, cfg config, body []byte) (prompt.Prompt, []uint64) {
+	p, err := prompt.Render(nil, body, cfg.template)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p, blockhash.Append(nil, blockhash.Seed(p.Model, ""), p.Text, cfg.hashing)
 }
 
 func benchBody(size int) []byte {

@@ -3,9 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/policy"
-	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
@@ -14,18 +12,9 @@ import (
 // endpoint holds every block hashed so far; the match and the price cover
 // the whole prompt either way.
 func TestRouteHashesOnOnlyWhileHeld(t *testing.T) {
-	cfg := defaultConfig()
-	cfg.template, cfg.autoTemplate = prompt.ChatML, false
-	cfg.endpoints = []string{"10.0.0.1:8000", "10.0.0.2:8000"}
-	if err := cfg.finish(); err != nil {
-		t.Fatal(err)
-	}
+	cfg := chatMLConfig(t, "10.0.0.1:8000", "10.0.0.2:8000")
 	body := benchBody(400 << 10)
-	p, err := prompt.Render(nil, body, cfg.template)
-	if err != nil {
-		t.Fatal(err)
-	}
-	all := blockhash.Append(nil, blockhash.Seed(p.Model, ""), p.Text, cfg.hashing)
+	_, all := chain(t, cfg, body)
 	ahead := cfg.hashAhead()
 	if len(all) <= 2*ahead {
 		t.Fatalf("a %d-block prompt is too short for this test (ahead %d)", len(all), ahead)
