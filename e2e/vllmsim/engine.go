@@ -37,6 +37,8 @@ type Engine struct {
 
 	renders atomic.Uint64 // render requests served, for their ids
 
+	responses responseStore // the Responses API's, for previous_response_id
+
 	mu      sync.Mutex // guards sched, and run against Close/Restart
 	sched   *scheduler
 	pub     *publisher

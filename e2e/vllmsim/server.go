@@ -22,6 +22,8 @@ func (e *Engine) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", e.handleGenerate)
 	mux.HandleFunc("POST /v1/completions", e.handleGenerate)
+	mux.HandleFunc("POST /v1/messages", e.handleMessages)
+	mux.HandleFunc("POST /v1/responses", e.handleResponses)
 	mux.HandleFunc("GET /v1/models", e.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("GET /metrics", e.handleMetrics)

@@ -182,10 +182,16 @@ var (
 	// ErrTemplate means the chat template rejects the conversation (the
 	// engine answers such a request with an error of its own).
 	ErrTemplate = errors.New("prompt: chat template rejects the conversation")
+	// ErrUnsupported means the request is valid but uses a form kvroute
+	// does not reproduce (see ParseAPI).
+	ErrUnsupported = errors.New("prompt: request form not rendered")
 )
 
 func malformed(detail string) error { return errdetail.New(ErrMalformed, detail) }
 func rejected(detail string) error  { return errdetail.New(ErrTemplate, detail) }
+func unsupported(detail string) error {
+	return errdetail.New(ErrUnsupported, detail)
+}
 
 // A Renderer renders request bodies, reusing its scratch space from one call
 // to the next. It is not safe for concurrent use.
@@ -209,6 +215,14 @@ type Renderer struct {
 	// model is the parsed body's model, once Model has decoded it.
 	model    string
 	hasModel bool
+
+	// The chat request a Messages or Responses body converts to, and
+	// the conversion's scratch space.
+	conv, convParts, convCalls, convImages, convText []byte
+	respMsgs                                         []responseMsg
+	respCalls                                        []responseCall
+	prev                                             string // previous_response_id
+	reasoning                                        bool   // the conversion met reasoning it dropped
 }
 
 var pool = sync.Pool{New: func() any { return new(Renderer) }}
@@ -233,10 +247,7 @@ func (r *Renderer) Render(dst []byte, body []byte, t Template) (Prompt, error) {
 
 // Parse reads body for RenderParsed, which may then render it under a
 // template chosen by its Model. body must stay unchanged until then.
-func (r *Renderer) Parse(body []byte) error {
-	r.err, r.model, r.hasModel = nil, "", false
-	return r.parse(body)
-}
+func (r *Renderer) Parse(body []byte) error { return r.ParseAPI(body, OpenAI) }
 
 // Model returns the "model" of the body last parsed, "" when it has none.
 func (r *Renderer) Model() string {
@@ -246,6 +257,12 @@ func (r *Renderer) Model() string {
 	}
 	return r.model
 }
+
+// PreviousResponse returns the previous_response_id of the Responses
+// request last parsed, "" for none, even when the request could not be
+// rendered: the conversation so far is on the engine that served that
+// response, and the rendered text is only what the request adds to it.
+func (r *Renderer) PreviousResponse() string { return r.prev }
 
 // RenderParsed appends the canonical text of the body last parsed to dst[:0]
 // using template t.
@@ -291,6 +308,9 @@ func (r *Renderer) chat(dst []byte, t Template) ([]byte, error) {
 	case Gemma:
 		return r.gemma(dst)
 	case Qwen3:
+		if r.reasoning {
+			return dst, unsupported("reasoning in a Messages or Responses request, which Qwen3 prints")
+		}
 		return r.qwen3(dst)
 	case Plain:
 		return r.plain(dst)
