@@ -90,7 +90,7 @@ const (
 
 func defaultConfig() config {
 	return config{
-		paths:          []string{"/v1/chat/completions", "/v1/completions"},
+		paths:          []string{"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"},
 		maxBodyBytes:   defaultMaxBodyBytes,
 		template:       prompt.Plain,
 		autoTemplate:   true,

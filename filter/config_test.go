@@ -141,7 +141,7 @@ func TestREADMEListsEveryField(t *testing.T) {
 
 func TestParseConfigDefaultsAndShape(t *testing.T) {
 	empty, err := parseConfig(nil)
-	if err != nil || empty.maxBodyBytes != defaultMaxBodyBytes || len(empty.paths) != 2 || empty.cachesync != nil {
+	if err != nil || empty.maxBodyBytes != defaultMaxBodyBytes || len(empty.paths) != 4 || empty.cachesync != nil {
 		t.Errorf("empty configuration: %+v, %v", empty, err)
 	}
 	// chat_template auto is the default and can be named; a fixed template

@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/filter/proxywasm"
 	"github.com/kvroute/kvroute/filter/proxywasm/types"
 	"github.com/kvroute/kvroute/shared/predict"
+	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/report"
 )
 
@@ -131,6 +132,12 @@ type httpContext struct {
 	session          uint64   // hash of the session header's value, 0 for none
 	routedAt         time.Time
 	outcomePending   bool
+	api              prompt.API
+	// learning: a Responses API answer is being read for its id, which
+	// head gathers, to pin to the endpoint that served it (served).
+	learning bool
+	head     []byte
+	served   uint64
 }
 
 func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
@@ -183,6 +190,7 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	if !post || !h.plugin.cfg.routes("POST", path) {
 		return types.ActionContinue
 	}
+	h.api = prompt.APIOf(path)
 	if endOfStream {
 		h.finish(decision{outcome: fallbackNoPrompt})
 		return types.ActionContinue
@@ -230,6 +238,7 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	d := p.router.route(body, view, p.load.locals, routeOptions{
 		stale: stale && p.cfg.cachesync != nil, modelAgnostic: p.cfg.cachesync == nil,
 		sloTTFT: h.sloTTFT, sloTPOT: h.sloTPOT, subset: h.subset, session: h.session,
+		api: h.api, pinned: p.load.sessions.lookup,
 	})
 	if d.outcome == routed && !d.policy.MeetsSLO && h.sheddable && p.cfg.shed {
 		d.outcome = shed
@@ -285,7 +294,7 @@ func headerMillis(v []byte) time.Duration {
 func (h *httpContext) account(d *decision) {
 	h.routedAt = time.Now()
 	// Outcomes feed cachesync's latency fit; local mode has none.
-	h.outcomePending = d.reason != reasonRendezvous && h.plugin.cfg.cachesync != nil && h.plugin.sync.reporting()
+	h.outcomePending = d.reason != reasonRendezvous && d.reason != reasonResponse && h.plugin.cfg.cachesync != nil && h.plugin.sync.reporting()
 	h.endpoint = endpointHash(d.endpoint)
 	h.prefillPending = int64(d.policy.UncachedTokens)
 	h.requestPending = true
@@ -355,10 +364,19 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 	if h.decided && h.plugin.cfg.debugHeader {
 		proxywasm.ReplaceHttpResponseHeader(decisionHeader, h.decision.header())
 	}
-	if h.decided && h.decision.outcome == routed {
+	var served []byte
+	if h.decided && (h.decision.outcome == routed || h.api == prompt.Responses) {
 		// Where a retry went is known only now, from Envoy.
 		if addr, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(addr) > 0 {
-			proxywasm.ReplaceHttpResponseHeader(servedHeader, string(addr))
+			served = addr
+		}
+	}
+	if len(served) > 0 && h.decision.outcome == routed {
+		proxywasm.ReplaceHttpResponseHeader(servedHeader, string(served))
+	}
+	if len(served) > 0 && h.api == prompt.Responses && !endOfStream {
+		if status, err := proxywasm.GetHttpResponseHeader(":status"); err == nil && status == "200" {
+			h.learning, h.served = true, endpointHash(string(served))
 		}
 	}
 	if endOfStream {
@@ -367,9 +385,31 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 	return types.ActionContinue
 }
 
-func (h *httpContext) OnHttpResponseBody(int, bool) types.Action {
+func (h *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Action {
 	h.releasePrefill()
+	if h.learning {
+		h.learnResponse(size, endOfStream)
+	}
 	return types.ActionContinue
+}
+
+// learnResponse reads a Responses API answer's head until it finds the
+// response's id, and pins the id to the endpoint that served it.
+func (h *httpContext) learnResponse(size int, endOfStream bool) {
+	if n := min(size, responseHead-len(h.head)); n > 0 {
+		chunk, err := proxywasm.GetHttpResponseBody(0, n)
+		if err != nil {
+			h.learning = false
+			return
+		}
+		h.head = append(h.head, chunk...)
+	}
+	if id, ok := responseID(h.head); ok {
+		h.plugin.load.sessions.pin(responseKey(string(id)), h.served)
+	} else if !endOfStream && len(h.head) < responseHead {
+		return
+	}
+	h.learning, h.head = false, nil
 }
 
 func (h *httpContext) OnHttpStreamDone() {

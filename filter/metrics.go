@@ -21,8 +21,9 @@ type stats struct {
 	reportErrors proxywasm.MetricCounter
 }
 
-// The decision reasons: the policy's, then the rendezvous fallback.
-const numReasons = 5
+// The decision reasons: the policy's, then the rendezvous fallback and
+// the pin to a previous response's engine.
+const numReasons = 6
 
 var reasonNames = [numReasons]string{
 	policy.ReasonAffinity.String(),
@@ -30,6 +31,7 @@ var reasonNames = [numReasons]string{
 	policy.ReasonLeastLoad.String(),
 	policy.ReasonFallback.String(),
 	reasonRendezvous,
+	reasonResponse,
 }
 
 func newStats() *stats {
@@ -62,7 +64,7 @@ func (m *stats) decided(d *decision) {
 			m.reasons[i].Increment(1)
 		}
 	}
-	if d.reason != reasonRendezvous {
+	if d.reason != reasonRendezvous && d.reason != reasonResponse {
 		m.prefixBlocks.Record(uint64(d.policy.Blocks))
 	}
 }

@@ -64,6 +64,7 @@ const (
 	fallbackTooLarge
 	fallbackNoEndpoints
 	fallbackHeldTooLong
+	fallbackUnsupported
 	shed
 	numOutcomes
 )
@@ -75,6 +76,7 @@ var outcomeNames = [numOutcomes]string{
 	fallbackTooLarge:    "body_too_large",
 	fallbackNoEndpoints: "no_endpoints",
 	fallbackHeldTooLong: "held_too_long",
+	fallbackUnsupported: "unsupported",
 	shed:                "shed",
 }
 
@@ -115,6 +117,11 @@ type routeOptions struct {
 	subset []string
 	// session names the request's session (session_header), 0 for none.
 	session uint64
+	// api is the request's format, told by its path.
+	api prompt.API
+	// pinned looks up the endpoint a key of the sessions table is pinned
+	// to (nil: none is).
+	pinned func(key uint64) (endpoint uint64, ok bool)
 }
 
 // router turns a request body into an endpoint. One router serves a whole VM
@@ -153,11 +160,23 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 	if view != nil && view.Loaded() {
 		m = view.Manifest()
 	}
-	p, tmpl, err := r.render(body, m)
-	if err != nil {
-		if errors.Is(err, prompt.ErrNoPrompt) {
-			return decision{outcome: fallbackNoPrompt}
+	p, tmpl, err := r.render(body, m, o.api)
+	if errors.Is(err, prompt.ErrNoPrompt) {
+		return decision{outcome: fallbackNoPrompt}
+	}
+	if id := r.renderer.PreviousResponse(); id != "" && o.pinned != nil && (err == nil || errors.Is(err, prompt.ErrUnsupported)) {
+		// The conversation is on one engine; what the request adds to it
+		// need not be rendered to send it there.
+		if ep, ok := o.pinned(responseKey(id)); ok {
+			if d, ok := r.toPinned(ep, view, m, local, o, p, tmpl); ok {
+				return d
+			}
 		}
+	}
+	switch {
+	case errors.Is(err, prompt.ErrUnsupported):
+		return decision{outcome: fallbackUnsupported}
+	case err != nil:
 		return decision{outcome: fallbackInvalidBody}
 	}
 	r.text = p.Text[:0]
@@ -243,8 +262,8 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 // render renders body with the configured template or, on auto, with the
 // one the snapshot m names for its model (the configured fallback, plain,
 // when m is nil or names none).
-func (r *router) render(body []byte, m *snapshot.Manifest) (prompt.Prompt, prompt.Template, error) {
-	if err := r.renderer.Parse(body); err != nil {
+func (r *router) render(body []byte, m *snapshot.Manifest, api prompt.API) (prompt.Prompt, prompt.Template, error) {
+	if err := r.renderer.ParseAPI(body, api); err != nil {
 		return prompt.Prompt{}, 0, err
 	}
 	t := r.cfg.template
@@ -255,6 +274,56 @@ func (r *router) render(body []byte, m *snapshot.Manifest) (prompt.Prompt, promp
 	}
 	p, err := r.renderer.RenderParsed(r.text[:0], t)
 	return p, t, err
+}
+
+// toPinned routes a request continuing a previous response to the
+// endpoint that served it (hash ep), when that endpoint is eligible in the
+// snapshot or, before the first snapshot, configured. Its text is only
+// what the request adds to a conversation the engine holds, so it is not
+// hashed, reported or placed.
+func (r *router) toPinned(ep uint64, view *snapshot.View, m *snapshot.Manifest, local loads, o routeOptions, p prompt.Prompt, tmpl prompt.Template) (decision, bool) {
+	r.hashes, r.blocks = r.hashes[:0], 0
+	d := decision{model: p.Model, template: tmpl, promptTokens: policy.Tokens(len(p.Text), m), reason: reasonResponse}
+	if m != nil {
+		n := m.NumEndpoints()
+		if cap(r.allowed) < n {
+			r.allowed = make([]bool, n)
+		}
+		r.allowed = r.allowed[:n]
+		found := false
+		for i := range r.allowed {
+			e := m.Endpoint(i)
+			r.allowed[i] = !e.Vacant() && endpointHash(e.Addr()) == ep && (o.subset == nil || slices.Contains(o.subset, e.Addr()))
+			found = found || r.allowed[i]
+		}
+		if !found {
+			return d, false
+		}
+		req := policy.Request{Model: p.Model, PromptTokens: d.promptTokens, OutputTokens: p.MaxTokens,
+			Local: local(view, nil, 0), Stale: o.stale, Allowed: r.allowed, Random: r.next()}
+		if o.modelAgnostic {
+			req.Model = ""
+		}
+		d.policy = r.picker.Pick(view, &req)
+		if d.policy.Endpoint < 0 {
+			return d, false
+		}
+		d.endpoint = m.Endpoint(d.policy.Endpoint).Addr()
+		d.destination = d.endpoint
+		return d, true
+	}
+	candidates := r.cfg.endpoints
+	if o.subset != nil {
+		candidates = o.subset
+	}
+	for _, c := range candidates {
+		if endpointHash(c) == ep {
+			d.endpoint, d.destination = c, c
+			d.policy = policy.Decision{Endpoint: -1, UncachedTokens: d.promptTokens}
+			return d, true
+		}
+	}
+	return d, false
 }
 
 // allowedSlots marks the slots of m's endpoint table that subset names.
