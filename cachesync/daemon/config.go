@@ -30,10 +30,13 @@ type Config struct {
 	DNSName    string // A/AAAA (with DNSPort) or SRV (DNSPort 0) records of a headless Service
 	DNSPort    int
 	K8sService string // namespace/name of a Service whose EndpointSlices list the engines
-	K8sPort    string // port name in the slices; "" takes the only port
-	Kubeconfig string // "" means in-cluster configuration
-	Events     discovery.EventPorts
-	Topic      string // KV-event topic prefix to subscribe to
+	// K8sInferencePool is namespace/name of an InferencePool whose
+	// selected pods are the engines.
+	K8sInferencePool string
+	K8sPort          string // port name in the slices; "" takes the only port
+	Kubeconfig       string // "" means in-cluster configuration
+	Events           discovery.EventPorts
+	Topic            string // KV-event topic prefix to subscribe to
 
 	// Tokenizer makes the index precise for engines with KV events: a
 	// tokenizer.json, a model directory, a tiktoken file or a built-in
@@ -74,6 +77,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.DNSPort, "dns-port", 0, "engines' HTTP port for A/AAAA discovery; 0 reads SRV records")
 	fs.StringVar(&c.K8sService, "k8s-service", "", "discover engines from the EndpointSlices of this Service (namespace/name)")
 	fs.StringVar(&c.K8sPort, "k8s-port", "", "port name of the engines' HTTP port in the EndpointSlices")
+	fs.StringVar(&c.K8sInferencePool, "k8s-inference-pool", "", "discover engines from this InferencePool (inference.networking.k8s.io/v1, namespace/name): the pods its selector matches, on its target port")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
 	fs.IntVar(&c.Events.Pub, "events-port", 0, "KV-event PUB port on each engine's IP, for publishers that bind (vLLM's default endpoint tcp://*:5557); 0 means none")
 	fs.StringVar(&c.Events.Listen, "events-listen", "", "endpoint cachesync binds for KV-event publishers that connect (a vLLM endpoint naming a host), e.g. tcp://0.0.0.0:5557; engines are told apart by topic kv@<ip>@<model>")
@@ -125,16 +129,18 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 // Validate reports the first setting that cannot work, naming it.
 func (c *Config) Validate() error {
 	sources := 0
-	for _, s := range []string{c.Engines, c.DNSName, c.K8sService} {
+	for _, s := range []string{c.Engines, c.DNSName, c.K8sService, c.K8sInferencePool} {
 		if s != "" {
 			sources++
 		}
 	}
 	switch {
 	case sources != 1:
-		return errors.New("discovery: give exactly one of -engines, -dns-name, -k8s-service")
+		return errors.New("discovery: give exactly one of -engines, -dns-name, -k8s-service, -k8s-inference-pool")
 	case c.K8sService != "" && strings.Count(c.K8sService, "/") != 1:
 		return errors.New("k8s-service: want namespace/name")
+	case c.K8sInferencePool != "" && strings.Count(c.K8sInferencePool, "/") != 1:
+		return errors.New("k8s-inference-pool: want namespace/name")
 	case c.DNSPort < 0 || c.DNSPort > 65535:
 		return errors.New("dns-port: want 0 to 65535")
 	case c.Hash.BlockSize < 1 || c.Hash.MaxBlocks < 1:

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -541,7 +542,6 @@ func (c *Config) source(log *slog.Logger) (discovery.Source, error) {
 	case c.DNSName != "":
 		return &discovery.DNS{Name: c.DNSName, Port: c.DNSPort, Events: c.Events, Logger: log}, nil
 	}
-	ns, name, _ := strings.Cut(c.K8sService, "/")
 	var rc *rest.Config
 	var err error
 	if c.Kubeconfig != "" {
@@ -556,5 +556,14 @@ func (c *Config) source(log *slog.Logger) (discovery.Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
+	if c.K8sInferencePool != "" {
+		dyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+		ns, name, _ := strings.Cut(c.K8sInferencePool, "/")
+		return &discovery.InferencePool{Dynamic: dyn, Client: client, Namespace: ns, Name: name, Events: c.Events, Logger: log}, nil
+	}
+	ns, name, _ := strings.Cut(c.K8sService, "/")
 	return &discovery.Kubernetes{Client: client, Namespace: ns, Service: name, PortName: c.K8sPort, Events: c.Events, Logger: log}, nil
 }

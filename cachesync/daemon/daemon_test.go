@@ -324,6 +324,8 @@ func TestConfigFromFlagsAndEnvironment(t *testing.T) {
 		{[]string{"-engines", "a:1", "-dns-name", "x"}, nil, "exactly one of"},
 		{[]string{"-engines", "10.0.0.1:8000", "-log-format", "yaml"}, nil, "log-format"},
 		{[]string{"-k8s-service", "noslash"}, nil, "namespace/name"},
+		{[]string{"-k8s-inference-pool", "noslash"}, nil, "k8s-inference-pool: want namespace/name"},
+		{[]string{"-k8s-inference-pool", "llm/qwen", "-k8s-service", "llm/vllm"}, nil, "exactly one of"},
 		{[]string{"-engines", "10.0.0.1:8000"}, map[string]string{"CACHESYNC_SYNC_INTERVAL": "soon"}, "CACHESYNC_SYNC_INTERVAL"},
 		{[]string{"-engines", "10.0.0.1:8000", "-events-port", "70000"}, nil, "port"},
 		{[]string{"-engines", "10.0.0.1:8000", "-sync-interval", "1ms"}, nil, "sync-interval"},
