@@ -320,7 +320,7 @@ func (h *httpContext) report(d *decision) {
 		return
 	}
 	hashes = hashes[:min(len(hashes), p.cfg.reportBlocks)]
-	rec := report.Record{Endpoint: d.endpoint, Model: d.model, Hashes: hashes, Cached: min(d.policy.Blocks, len(hashes))}
+	rec := report.Record{Endpoint: d.endpoint, Model: d.model, Hashes: hashes, Cached: min(d.policy.Blocks, len(hashes)), Reason: d.reason}
 	var err error
 	if p.record, err = report.AppendRecord(p.record[:0], &rec); err != nil {
 		return

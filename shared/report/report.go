@@ -7,7 +7,7 @@
 // A batch is a header, records back to back and a checksum over all of it:
 //
 //	batch:  "KVRP" | u16 version | u16 0 | u32 records | u32 0 | record... | u64 XXH64(everything before)
-//	record: u8 recordTag | u8 len(endpoint) | u8 len(model) | u8 0 | u32 hashes | u32 cached |
+//	record: u8 recordTag | u8 len(endpoint) | u8 len(model) | u8 reason | u32 hashes | u32 cached |
 //	        endpoint | model | hashes x u64
 //	outcome: u8 outcomeTag | u8 len(endpoint) | u16 0 | u32 0 | u32 0 | endpoint |
 //	        f32 uncached | f32 backlog | f32 running | f32 waiting | f32 predicted TTFT | f32 observed TTFT
@@ -41,9 +41,24 @@ import (
 	"github.com/kvroute/kvroute/shared/predict"
 )
 
-// Version is the batch format version this package writes and the only one
-// it reads.
-const Version = 2
+// Version is the batch format version this package writes. It reads
+// version 2 too, the same format without reasons (the byte was 0), so
+// that gateways may be upgraded after cachesync.
+const Version = 3
+
+// Reasons are the decision reasons a record can carry, by their code; ""
+// (code 0) is a record that does not say. They are the filter's reason
+// names (the policy's and its own fallbacks').
+var Reasons = [...]string{"", "affinity", "saturated-release", "least-load", "fallback", "rendezvous", "response"}
+
+func reasonCode(name string) (byte, bool) {
+	for i, r := range Reasons {
+		if r == name {
+			return byte(i), true
+		}
+	}
+	return 0, false
+}
 
 const (
 	magic       = "KVRP"
@@ -118,6 +133,7 @@ type Record struct {
 	Model    string   // the requested model or adapter, informational
 	Hashes   []uint64 // the prompt's chained block hashes, prefix first
 	Cached   int      // leading hashes the policy found cached at Endpoint
+	Reason   string   // why Endpoint was chosen: one of Reasons
 }
 
 // AppendRecord appends r, encoded, to dst. It refuses an empty or overlong
@@ -134,7 +150,11 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 	case r.Cached < 0 || r.Cached > len(r.Hashes):
 		return dst, errors.New("report: cached count outside 0..hashes")
 	}
-	dst = append(dst, recordTag, byte(len(r.Endpoint)), byte(len(r.Model)), 0)
+	reason, ok := reasonCode(r.Reason)
+	if !ok {
+		return dst, errors.New("report: unknown reason " + strconv.Quote(r.Reason))
+	}
+	dst = append(dst, recordTag, byte(len(r.Endpoint)), byte(len(r.Model)), reason)
 	dst = le.AppendUint32(dst, uint32(len(r.Hashes)))
 	dst = le.AppendUint32(dst, uint32(r.Cached))
 	dst = append(dst, r.Endpoint...)
@@ -181,7 +201,7 @@ func validFigure(v float32) bool { return v >= 0 && v <= math.MaxFloat32 }
 
 // recordSize checks the record at the start of b against the format and
 // maxHashes and returns its size and hash count.
-func recordSize(b []byte, maxHashes int) (size, hashes int, err error) {
+func recordSize(b []byte, maxHashes int, version uint16) (size, hashes int, err error) {
 	if len(b) < recordFixed {
 		return 0, 0, corrupt("record truncated")
 	}
@@ -200,8 +220,11 @@ func recordSize(b []byte, maxHashes int) (size, hashes int, err error) {
 		}
 		return size, 0, nil
 	}
-	if b[0] != recordTag || b[3] != 0 {
+	if b[0] != recordTag {
 		return 0, 0, corrupt("bad record tag")
+	}
+	if int(b[3]) >= len(Reasons) || (version < 3 && b[3] != 0) {
+		return 0, 0, corrupt("bad reason code")
 	}
 	ep, model := int(b[1]), int(b[2])
 	n, cached := le.Uint32(b[4:]), le.Uint32(b[8:])
@@ -261,7 +284,7 @@ func (w *Writer) Add(r *Record) error {
 func (w *Writer) AddEncoded(b []byte) (int, error) {
 	n := 0
 	for p := b; len(p) > 0; n++ {
-		size, _, err := recordSize(p, MaxHashes)
+		size, _, err := recordSize(p, MaxHashes, Version)
 		if err != nil {
 			return 0, err
 		}
@@ -308,7 +331,8 @@ func Parse(b []byte, lim Limits) (Batch, error) {
 	if string(b[:4]) != magic {
 		return Batch{}, corrupt("bad magic")
 	}
-	if v := le.Uint16(b[4:]); v != Version {
+	v := le.Uint16(b[4:])
+	if v != Version && v != 2 {
 		return Batch{}, errdetail.New(ErrVersion, "version "+strconv.Itoa(int(v)))
 	}
 	end := len(b) - trailerSize
@@ -325,7 +349,7 @@ func Parse(b []byte, lim Limits) (Batch, error) {
 	bt := Batch{recs: b[headerSize:end], n: int(n)}
 	p, maxHashes := bt.recs, lim.hashes()
 	for i := 0; i < bt.n; i++ {
-		size, h, err := recordSize(p, maxHashes)
+		size, h, err := recordSize(p, maxHashes, v)
 		if err != nil {
 			return Batch{}, inRecord(i, err)
 		}
@@ -393,6 +417,13 @@ func (e Entry) Model() []byte {
 	off := recordFixed + int(e.b[1])
 	return e.b[off : off+int(e.b[2])]
 }
+
+// Reason returns the record's reason, one of Reasons ("" when it does
+// not say).
+func (e Entry) Reason() string { return Reasons[e.b[3]] }
+
+// ReasonCode returns the record's reason as its index in Reasons.
+func (e Entry) ReasonCode() int { return int(e.b[3]) }
 
 // Cached returns how many leading hashes the policy found cached.
 func (e Entry) Cached() int { return int(le.Uint32(e.b[8:])) }

@@ -24,6 +24,7 @@ func sample(n int) []Record {
 			Model:    []string{"", "Qwen/Qwen2.5-7B-Instruct", "m"}[i%3],
 			Hashes:   hs,
 			Cached:   len(hs) / 2,
+			Reason:   Reasons[i%len(Reasons)],
 		}
 	}
 	return recs
@@ -47,7 +48,7 @@ func decoded(t *testing.T, b []byte, lim Limits) []Record {
 				t.Fatalf("Hash(%d) = %#x, AppendHashes has %#x", i, e.Hash(i), h)
 			}
 		}
-		out = append(out, Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached()})
+		out = append(out, Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason()})
 	}
 	if len(out) != bt.Len() {
 		t.Fatalf("Records yielded %d, Len %d", len(out), bt.Len())
@@ -57,7 +58,7 @@ func decoded(t *testing.T, b []byte, lim Limits) []Record {
 
 func sameRecords(a, b []Record) bool {
 	return slices.EqualFunc(a, b, func(x, y Record) bool {
-		return x.Endpoint == y.Endpoint && x.Model == y.Model && x.Cached == y.Cached &&
+		return x.Endpoint == y.Endpoint && x.Model == y.Model && x.Cached == y.Cached && x.Reason == y.Reason &&
 			len(x.Hashes) == len(y.Hashes) && (len(x.Hashes) == 0 || slices.Equal(x.Hashes, y.Hashes))
 	})
 }
@@ -259,6 +260,26 @@ func reseal(b []byte) []byte {
 	return b
 }
 
+// TestReadsVersion2: a batch from a gateway of the previous format (no
+// reasons) is still read, so cachesync may be upgraded first.
+func TestReadsVersion2(t *testing.T) {
+	recs := sample(5)
+	for i := range recs {
+		recs[i].Reason = ""
+	}
+	var w Writer
+	for i := range recs {
+		if err := w.Add(&recs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := slices.Clone(w.Bytes())
+	b[4] = 2
+	if got := decoded(t, reseal(b), Limits{}); !sameRecords(got, recs) {
+		t.Errorf("version 2 batch read as %+v", got)
+	}
+}
+
 func TestParseRejects(t *testing.T) {
 	var w Writer
 	recs := sample(3)
@@ -287,7 +308,8 @@ func TestParseRejects(t *testing.T) {
 		{"count too high", edit(func(b []byte) []byte { b[8] = 4; return b }), Limits{}, ErrCorrupt},
 		{"count too low", edit(func(b []byte) []byte { b[8] = 2; return b }), Limits{}, ErrCorrupt},
 		{"record tag", edit(func(b []byte) []byte { b[rec2] = 0; return b }), Limits{}, ErrCorrupt},
-		{"record reserved", edit(func(b []byte) []byte { b[rec2+3] = 1; return b }), Limits{}, ErrCorrupt},
+		{"unknown reason", edit(func(b []byte) []byte { b[rec2+3] = byte(len(Reasons)); return b }), Limits{}, ErrCorrupt},
+		{"a reason in version 2", edit(func(b []byte) []byte { b[4] = 2; b[rec2+3] = 1; return b }), Limits{}, ErrCorrupt},
 		{"no endpoint", edit(func(b []byte) []byte { b[rec2+1] = 0; return b }), Limits{}, ErrCorrupt},
 		{"cached over hashes", edit(func(b []byte) []byte { b[rec2+8] = 5; return b }), Limits{}, ErrCorrupt},
 		{"hash count past end", edit(func(b []byte) []byte { b[rec2+4] = 5; return b }), Limits{}, ErrCorrupt},
@@ -365,13 +387,30 @@ func FuzzParse(f *testing.F) {
 			var w Writer
 			var hs []uint64
 			for e := range bt.Records() {
+				if e.IsOutcome() {
+					o := e.Outcome()
+					o.Endpoint = string(e.Endpoint())
+					b, err := AppendOutcome(nil, &o)
+					if err == nil {
+						_, err = w.AddEncoded(b)
+					}
+					if err != nil {
+						t.Fatalf("accepted outcome %+v does not encode: %v", o, err)
+					}
+					continue
+				}
 				hs = e.AppendHashes(hs[:0])
-				r := Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached()}
+				r := Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason()}
 				if err := w.Add(&r); err != nil {
 					t.Fatalf("accepted record %+v does not encode: %v", r, err)
 				}
 			}
-			if got := w.Bytes(); string(got) != string(raw) {
+			got := slices.Clone(w.Bytes())
+			if raw[4] == 2 && len(got) > 4 { // version 2 reads, version 3 writes
+				got[4] = 2
+				got = reseal(got)
+			}
+			if string(got) != string(raw) {
 				t.Fatalf("re-encoded batch differs:\n%x\n%x", got, raw)
 			}
 		}

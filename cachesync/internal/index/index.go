@@ -147,6 +147,9 @@ type Index struct {
 
 	img   atomic.Pointer[snapshot.Image]
 	stats atomic.Pointer[Stats]
+	// decided counts the reported routing decisions by reason code
+	// (report.Reasons).
+	decided [len(report.Reasons)]atomic.Uint64
 }
 
 type endpoint struct {
@@ -645,9 +648,13 @@ func (x *Index) applyReports() {
 	x.reports, x.rhashes = x.rspare[:0], 0
 	x.rmu.Unlock()
 	var applied, unknown, precise, outcomes, hashes, added, evicted, pending int
+	var decided [len(report.Reasons)]uint64
 	now := x.now().UnixNano()
 	for i, bt := range batches {
 		for e := range bt.Records() {
+			if !e.IsOutcome() {
+				decided[e.ReasonCode()]++
+			}
 			if e.IsOutcome() {
 				outcomes++
 				if x.onOutcome != nil {
@@ -684,6 +691,9 @@ func (x *Index) applyReports() {
 		batches[i] = report.Batch{} // let the body go
 	}
 	x.rspare = batches[:0]
+	for i, n := range decided {
+		x.decided[i].Add(n)
+	}
 	m := x.m
 	m.records.WithLabelValues("applied").Add(float64(applied))
 	m.records.WithLabelValues("unknown_endpoint").Add(float64(unknown))
@@ -794,6 +804,19 @@ type Stats struct {
 	BuildTime     time.Duration
 	Built         time.Time // when the build started; zero before the first
 	Builds        uint64
+}
+
+// Decisions returns how many routing decisions the gateways have reported,
+// by reason ("unknown" for gateways of report format 2, which do not say).
+func (x *Index) Decisions() map[string]uint64 {
+	out := make(map[string]uint64, len(report.Reasons))
+	for i, r := range report.Reasons {
+		if r == "" {
+			r = "unknown"
+		}
+		out[r] = x.decided[i].Load()
+	}
+	return out
 }
 
 // Stats returns the figures of the latest build.

@@ -738,3 +738,22 @@ func TestRestarted(t *testing.T) {
 		t.Fatal("Restarted accepted an unknown endpoint")
 	}
 }
+
+// TestDecisions: the reported decisions are counted by reason, routing
+// records only, whatever became of them in the index.
+func TestDecisions(t *testing.T) {
+	x := newIndex(t, Config{})
+	addEndpoints(t, x, 1, Approximate)
+	x.Report(batch(t,
+		report.Record{Endpoint: addr(0), Hashes: hs(1), Reason: "affinity"},
+		report.Record{Endpoint: addr(0), Hashes: hs(2), Reason: "affinity"},
+		report.Record{Endpoint: "10.9.9.9:1", Hashes: hs(3), Reason: "least-load"}, // unknown endpoint: counted all the same
+		report.Record{Endpoint: addr(0), Hashes: hs(4)},
+	))
+	x.Publish()
+	got := x.Decisions()
+	want := map[string]uint64{"affinity": 2, "least-load": 1, "unknown": 1, "saturated-release": 0, "fallback": 0, "rendezvous": 0, "response": 0}
+	if !maps.Equal(got, want) {
+		t.Errorf("Decisions = %v, want %v", got, want)
+	}
+}

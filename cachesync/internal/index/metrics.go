@@ -18,7 +18,7 @@ type metrics struct {
 	stale     prometheus.Counter
 	pending   *prometheus.CounterVec
 
-	generation, entries, approxEntries, size, endpoints, queued *prometheus.Desc
+	generation, entries, approxEntries, size, endpoints, queued, decisions *prometheus.Desc
 }
 
 func newMetrics(x *Index) *metrics {
@@ -55,6 +55,7 @@ func newMetrics(x *Index) *metrics {
 		size:          desc("snapshot_bytes", "Size of the latest snapshot, all parts."),
 		endpoints:     desc("endpoints", "Endpoints in the latest snapshot by mode.", "mode"),
 		queued:        desc("report_queue_hashes", "Hashes of routing reports waiting for the builder loop."),
+		decisions:     desc("decisions_total", "Routing decisions the gateways reported, by the filter's reason (unknown: gateways of the previous report format).", "reason"),
 	}
 }
 
@@ -69,7 +70,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 
 // Describe implements prometheus.Collector for the gauges.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.generation, m.entries, m.approxEntries, m.size, m.endpoints, m.queued} {
+	for _, d := range []*prometheus.Desc{m.generation, m.entries, m.approxEntries, m.size, m.endpoints, m.queued, m.decisions} {
 		ch <- d
 	}
 }
@@ -90,4 +91,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	q := m.x.rhashes
 	m.x.rmu.Unlock()
 	gauge(m.queued, float64(q))
+	for reason, n := range m.x.Decisions() {
+		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(n), reason)
+	}
 }
