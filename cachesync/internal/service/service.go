@@ -6,6 +6,7 @@
 //	GET  /metrics                         Prometheus metrics
 //	GET  /healthz                         the process is alive
 //	GET  /readyz                          discovery has run and a snapshot exists (and notes)
+//	GET  /status                          an operator's page: engines, snapshot, decisions
 //
 // A snapshot response carries the parts written after the generation the
 // fetcher holds (all of them for since=0, an unknown or a future
@@ -86,6 +87,8 @@ type Config struct {
 	// ready daemon is doing less well than it could (an engine routed
 	// approximately, and why).
 	Notes func() []string
+	// Engines, when set, returns the engines' rows for GET /status.
+	Engines func() []EngineStatus
 	// ShutdownGrace bounds how long Serve waits for requests in flight
 	// when its context ends; 0 means DefaultShutdownGrace.
 	ShutdownGrace time.Duration
@@ -108,6 +111,7 @@ type Server struct {
 	mux        *http.ServeMux
 	templates  gatewayTemplates
 	notes      func() []string
+	engines    func() []EngineStatus
 }
 
 type metrics struct {
@@ -132,6 +136,7 @@ func New(cfg Config) (*Server, error) {
 		grace:      cfg.ShutdownGrace,
 		log:        cfg.Logger,
 		notes:      cfg.Notes,
+		engines:    cfg.Engines,
 	}
 	s.SetTokens(cfg.Tokens...)
 	if s.maxBody == 0 {
@@ -181,6 +186,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { text(w, http.StatusOK, "ok") })
 	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.HandleFunc("GET /status", s.status)
 	return s, nil
 }
 
