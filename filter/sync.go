@@ -43,7 +43,8 @@ type syncer struct {
 
 	holder   bool
 	fetching bool
-	full     bool // the next fetch asks for a whole snapshot
+	full     bool   // the next fetch asks for a whole snapshot
+	epoch    string // of the cachesync that built the snapshot held
 	fetchBuf []byte
 	reports  report.Writer
 	headBuf  []byte
@@ -168,7 +169,7 @@ func (s *syncer) fetch() {
 	if m := s.view.Manifest(); m != nil && !s.full {
 		since = m.Generation()
 	}
-	headers := [][2]string{{":method", "GET"}, {":path", syncapi.SnapshotQuery(c.snapshotPath, since, s.cfg.templateName())}, {":authority", c.authority}}
+	headers := [][2]string{{":method", "GET"}, {":path", syncapi.SnapshotQuery(c.snapshotPath, since, s.epoch, s.cfg.templateName())}, {":authority", c.authority}}
 	// The snapshot's hashes tell whoever reads it which prompts were sent
 	// lately, so cachesync asks for the token here too.
 	if c.reportToken != "" {
@@ -191,7 +192,8 @@ func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 		s.fetchFailed("fetch snapshot: no response from cachesync")
 		return
 	}
-	switch status := callStatus(); status {
+	status, epoch := callStatus()
+	switch status {
 	case syncapi.StatusNotModified:
 		s.fetchSucceeded()
 		return
@@ -215,25 +217,33 @@ func (s *syncer) onSnapshot(numHeaders, bodySize, _ int) {
 		s.fetchFailed("snapshot from cachesync rejected: " + err.Error())
 		return
 	}
+	// The next since is in this answer's history: a replica of another
+	// epoch answers it with a whole snapshot.
+	s.epoch = epoch
 	s.fetchSucceeded()
 	s.m.fetched.Increment(uint64(len(body)))
 	s.refresh(time.Now())
 }
 
 // callStatus returns the status of the callout response at hand, 0 when
-// there is none or it is not a status.
-func callStatus() int {
+// there is none or it is not a status, and the cachesync epoch it names
+// ("" for none or a malformed one).
+func callStatus() (status int, epoch string) {
 	hs, err := proxywasm.GetHttpCallResponseHeaders()
 	if err != nil {
-		return 0
+		return 0, ""
 	}
 	for _, h := range hs {
-		if h[0] == ":status" {
-			n, _ := syncapi.ParseStatus(h[1])
-			return n
+		switch h[0] {
+		case ":status":
+			status, _ = syncapi.ParseStatus(h[1])
+		case syncapi.EpochHeader:
+			if syncapi.ValidEpoch(h[1]) {
+				epoch = h[1]
+			}
 		}
 	}
-	return 0
+	return status, epoch
 }
 
 // store verifies a bundle and writes its parts to shared data, the head
@@ -278,7 +288,7 @@ func (s *syncer) forwardReports() {
 				s.reportsFailed("no response from cachesync")
 				return
 			}
-			if status := callStatus(); !syncapi.ReportAccepted(status) {
+			if status, _ := callStatus(); !syncapi.ReportAccepted(status) {
 				s.reportsFailed("cachesync refused them with status " + strconv.Itoa(status))
 				return
 			}

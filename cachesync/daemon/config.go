@@ -49,10 +49,13 @@ type Config struct {
 	// ReportTokenFile holds more tokens, one per line, reloaded when it
 	// changes. With neither, reports are disabled and the snapshot is open.
 	ReportTokenFile string
-	ScrapeInterval  time.Duration
-	ScrapeMisses    int
-	Calibration     calibrate.Config
-	BytesPerToken   float64 // sizes approximate indexes from KV capacity; published to the filters in the snapshot
+	// Peers are the other cachesync replicas' API addresses, to which the
+	// gateways' report batches are forwarded.
+	Peers          string
+	ScrapeInterval time.Duration
+	ScrapeMisses   int
+	Calibration    calibrate.Config
+	BytesPerToken  float64 // sizes approximate indexes from KV capacity; published to the filters in the snapshot
 	// PendingTTL, when positive, makes the blocks a routing report names
 	// for a precise endpoint count until its events confirm them, for that
 	// long (index.Config.PendingTTL); 0 leaves them to the events alone.
@@ -89,6 +92,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.Hash.MaxBlocks, "max-blocks", blockhash.DefaultMaxBlocks, "blocks hashed per prompt at most; must match the filters")
 	fs.DurationVar(&c.SyncInterval, "sync-interval", index.DefaultInterval, "least time between snapshot builds")
 	fs.StringVar(&c.ReportToken, "report-token", "", "bearer token gateways present with routing reports and snapshot requests; with no token, reports are disabled and the snapshot is open")
+	fs.StringVar(&c.Peers, "peers", "", "the other cachesync replicas' API addresses (host:port,...): every report batch a gateway sends here is forwarded to each, so that all replicas learn every decision")
 	fs.StringVar(&c.ReportTokenFile, "report-token-file", "", "file of accepted tokens, one per line (# comments), reloaded when it changes: rotate by adding the new token, moving the gateways, removing the old")
 	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", scrape.DefaultInterval, "time between metric scrapes of an engine")
 	fs.IntVar(&c.ScrapeMisses, "scrape-misses", scrape.DefaultMisses, "failed scrapes in a row before an engine is unhealthy")
@@ -141,6 +145,8 @@ func (c *Config) Validate() error {
 		return errors.New("k8s-service: want namespace/name")
 	case c.K8sInferencePool != "" && strings.Count(c.K8sInferencePool, "/") != 1:
 		return errors.New("k8s-inference-pool: want namespace/name")
+	case c.peersInvalid() != "":
+		return errors.New("peers: " + c.peersInvalid() + " is not host:port")
 	case c.DNSPort < 0 || c.DNSPort > 65535:
 		return errors.New("dns-port: want 0 to 65535")
 	case c.Hash.BlockSize < 1 || c.Hash.MaxBlocks < 1:
@@ -173,4 +179,25 @@ func (c *Config) Logger(w *os.File) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// peers splits -peers.
+func (c *Config) peers() []string {
+	var out []string
+	for p := range strings.SplitSeq(c.Peers, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// peersInvalid returns the first -peers entry that is not host:port.
+func (c *Config) peersInvalid() string {
+	for _, p := range c.peers() {
+		if _, port, err := net.SplitHostPort(p); err != nil || port == "" {
+			return p
+		}
+	}
+	return ""
 }

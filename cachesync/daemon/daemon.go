@@ -148,7 +148,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	tokens := d.tokens(fileTokens)
 	if d.svc, err = service.New(service.Config{
 		Index: d.ix, Tokens: tokens, Registry: d.reg, Discovered: d.discovered, Logger: log, Notes: d.templateNotes,
-		Engines: d.engineStatus, ReportLimits: reportLimits(cfg),
+		Engines: d.engineStatus, ReportLimits: reportLimits(cfg), Peers: cfg.peers(),
 	}); err != nil {
 		return nil, err
 	}

@@ -325,6 +325,7 @@ func TestConfigFromFlagsAndEnvironment(t *testing.T) {
 		{[]string{"-engines", "10.0.0.1:8000", "-log-format", "yaml"}, nil, "log-format"},
 		{[]string{"-k8s-service", "noslash"}, nil, "namespace/name"},
 		{[]string{"-k8s-inference-pool", "noslash"}, nil, "k8s-inference-pool: want namespace/name"},
+		{[]string{"-engines", "10.0.0.1:8000", "-peers", "10.0.0.9"}, nil, "peers: 10.0.0.9 is not host:port"},
 		{[]string{"-k8s-inference-pool", "llm/qwen", "-k8s-service", "llm/vllm"}, nil, "exactly one of"},
 		{[]string{"-engines", "10.0.0.1:8000"}, map[string]string{"CACHESYNC_SYNC_INTERVAL": "soon"}, "CACHESYNC_SYNC_INTERVAL"},
 		{[]string{"-engines", "10.0.0.1:8000", "-events-port", "70000"}, nil, "port"},

@@ -89,26 +89,49 @@ func setPort(holder map[string]any) error {
 // SetEndpoints replaces the static endpoints of the named cluster with
 // addrs (ip:port).
 func (c *Config) SetEndpoints(cluster string, addrs []string) error {
+	return c.SetPriorityEndpoints(cluster, addrs)
+}
+
+// SetPriorityEndpoints replaces the static endpoints of the named cluster
+// with one priority level per list of addrs, the first the highest: Envoy
+// sends to a lower level only what the levels above cannot take healthy.
+func (c *Config) SetPriorityEndpoints(cluster string, levels ...[]string) error {
 	cl, err := c.named("clusters", cluster)
 	if err != nil {
 		return err
 	}
-	var lbEndpoints []any
-	for _, a := range addrs {
-		ap, err := netip.ParseAddrPort(a)
-		if err != nil {
-			return fmt.Errorf("cluster %s: %w", cluster, err)
+	var endpoints []any
+	for priority, addrs := range levels {
+		var lbEndpoints []any
+		for _, a := range addrs {
+			ap, err := netip.ParseAddrPort(a)
+			if err != nil {
+				return fmt.Errorf("cluster %s: %w", cluster, err)
+			}
+			lbEndpoints = append(lbEndpoints, map[string]any{
+				"endpoint": map[string]any{"address": map[string]any{"socket_address": map[string]any{
+					"address": ap.Addr().String(), "port_value": ap.Port(),
+				}}},
+			})
 		}
-		lbEndpoints = append(lbEndpoints, map[string]any{
-			"endpoint": map[string]any{"address": map[string]any{"socket_address": map[string]any{
-				"address": ap.Addr().String(), "port_value": ap.Port(),
-			}}},
-		})
+		level := map[string]any{"lb_endpoints": lbEndpoints}
+		if priority > 0 {
+			level["priority"] = priority
+		}
+		endpoints = append(endpoints, level)
 	}
-	cl["load_assignment"] = map[string]any{
-		"cluster_name": cluster,
-		"endpoints":    []any{map[string]any{"lb_endpoints": lbEndpoints}},
+	cl["load_assignment"] = map[string]any{"cluster_name": cluster, "endpoints": endpoints}
+	return nil
+}
+
+// SetClusterField sets one field of the named cluster (a value as the
+// bootstrap's JSON would hold it).
+func (c *Config) SetClusterField(cluster, field string, value any) error {
+	cl, err := c.named("clusters", cluster)
+	if err != nil {
+		return err
 	}
+	cl[field] = value
 	return nil
 }
 

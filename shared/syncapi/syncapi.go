@@ -3,9 +3,10 @@
 // status codes each side must agree on. The filter builds its requests and
 // reads cachesync's answers with it; cachesync serves by it.
 //
-//	GET  SnapshotPath?since=<generation>   with If-None-Match: ETag(held)
+//	GET  SnapshotPath?since=<generation>&epoch=<epoch>   with If-None-Match: ETag(held)
 //	     200  a bundle of the parts written after since (all for since=0,
-//	          or an unknown or future since); ETag: ETag(generation)
+//	          an unknown or future since, or another replica's epoch);
+//	          ETag: ETag(generation); EpochHeader: the replica's epoch
 //	     304  the generation held is current; no body
 //	     400  since is not a generation number
 //	     503  no snapshot built yet (Retry-After)
@@ -32,6 +33,31 @@ const (
 // SinceParam names the generation the fetcher already holds.
 const SinceParam = "since"
 
+// EpochParam names the epoch of the cachesync that built the snapshot the
+// fetcher holds, and EpochHeader carries the answering cachesync's epoch:
+// a random name per process. Replicas of cachesync (and one restarted)
+// build different histories, so a since from another epoch is answered
+// with a whole snapshot, and an If-None-Match from another epoch is not
+// matched.
+const (
+	EpochParam  = "epoch"
+	EpochHeader = "x-kvroute-epoch"
+)
+
+// ValidEpoch reports whether epoch is one a fetcher may send back: 1 to 32
+// lowercase hex digits, which a query needs no escaping for.
+func ValidEpoch(epoch string) bool {
+	if len(epoch) == 0 || len(epoch) > 32 {
+		return false
+	}
+	for _, c := range []byte(epoch) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // TemplateParam names the chat template the fetching gateway renders
 // prompts with, so that cachesync checks each engine's template against it
 // (a precise index is only as good as the gateway's render of the prompt).
@@ -52,8 +78,14 @@ const MaxReportBytes = 16 << 20
 // generation since (0: a whole snapshot), from a gateway that renders with
 // the named chat template (a configuration name: letters, digits and dots,
 // which need no escaping; and the filter links no net/url).
-func SnapshotQuery(path string, since uint64, template string) string {
-	return path + "?" + SinceParam + "=" + strconv.FormatUint(since, 10) + "&" + TemplateParam + "=" + template
+// epoch, from the answer that brought the snapshot held, is left out when
+// empty (a cachesync that does not name one).
+func SnapshotQuery(path string, since uint64, epoch, template string) string {
+	q := path + "?" + SinceParam + "=" + strconv.FormatUint(since, 10)
+	if epoch != "" {
+		q += "&" + EpochParam + "=" + epoch
+	}
+	return q + "&" + TemplateParam + "=" + template
 }
 
 // ETag is the entity tag of a generation: its number, quoted.

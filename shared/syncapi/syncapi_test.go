@@ -53,10 +53,21 @@ func TestBearerRoundTrip(t *testing.T) {
 }
 
 func TestSnapshotQueryAndETag(t *testing.T) {
-	if got := SnapshotQuery(SnapshotPath, 42, "llama3"); got != "/v1/snapshot?since=42&template=llama3" {
+	if got := SnapshotQuery(SnapshotPath, 42, "1f2e", "llama3"); got != "/v1/snapshot?since=42&epoch=1f2e&template=llama3" {
+		t.Errorf("SnapshotQuery with an epoch = %q", got)
+	}
+	if got := SnapshotQuery(SnapshotPath, 42, "", "llama3"); got != "/v1/snapshot?since=42&template=llama3" {
 		t.Errorf("SnapshotQuery = %q", got)
 	}
 	if got := ETag(42); got != `"42"` {
 		t.Errorf("ETag = %q", got)
+	}
+}
+
+func TestValidEpoch(t *testing.T) {
+	for epoch, want := range map[string]bool{"0123456789abcdef": true, "": false, "12&x=1": false, "ABC": false, "0123456789abcdef0123456789abcdef0": false} {
+		if got := ValidEpoch(epoch); got != want {
+			t.Errorf("ValidEpoch(%q) = %v", epoch, got)
+		}
 	}
 }

@@ -89,6 +89,10 @@ type Config struct {
 	Notes func() []string
 	// Engines, when set, returns the engines' rows for GET /status.
 	Engines func() []EngineStatus
+	// Peers are the other replicas' API addresses (host:port): every
+	// report batch a gateway sends is forwarded to each, so that every
+	// replica's approximate index learns every gateway's decisions.
+	Peers []string
 	// ShutdownGrace bounds how long Serve waits for requests in flight
 	// when its context ends; 0 means DefaultShutdownGrace.
 	ShutdownGrace time.Duration
@@ -112,6 +116,11 @@ type Server struct {
 	templates  gatewayTemplates
 	notes      func() []string
 	engines    func() []EngineStatus
+	// epoch names this process's snapshot history (syncapi.EpochParam).
+	epoch     string
+	peers     []*peer
+	peerToken atomic.Pointer[string] // presented to peers: the first token
+	pm        peerMetrics
 }
 
 type metrics struct {
@@ -137,6 +146,11 @@ func New(cfg Config) (*Server, error) {
 		log:        cfg.Logger,
 		notes:      cfg.Notes,
 		engines:    cfg.Engines,
+		epoch:      newEpoch(),
+		pm:         newPeerMetrics(),
+	}
+	for _, a := range cfg.Peers {
+		s.peers = append(s.peers, &peer{addr: a, batches: make(chan []byte, peerQueue)})
 	}
 	s.SetTokens(cfg.Tokens...)
 	if s.maxBody == 0 {
@@ -155,7 +169,6 @@ func New(cfg Config) (*Server, error) {
 		s.reg = prometheus.NewRegistry()
 		s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	const ns = "kvroute_cachesync"
 	s.m = metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "snapshot_requests_total",
@@ -175,7 +188,7 @@ func New(cfg Config) (*Server, error) {
 			Help: "Report requests refused by reason: disabled, unauthorized, method, too_large, over_limit, corrupt.",
 		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{s.m.requests, s.m.sent, s.m.batches, s.m.reportBytes, s.m.rejects} {
+	for _, c := range []prometheus.Collector{s.m.requests, s.m.sent, s.m.batches, s.m.reportBytes, s.m.rejects, s.pm.forwarded} {
 		if err := s.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -210,6 +223,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	s.runPeers(ctx)
 	select {
 	case err := <-errc:
 		return err
@@ -270,6 +284,13 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 		s.templates.saw(name, time.Now())
 	}
 	var since uint64
+	// A since from another epoch (a replica, or this process's
+	// predecessor) names a generation of another history: whatever it
+	// is, the fetcher needs everything.
+	sameHistory := true
+	if e := query.Get(syncapi.EpochParam); e != "" && e != s.epoch {
+		sameHistory = false
+	}
 	if q := query.Get(syncapi.SinceParam); q != "" {
 		var err error
 		if since, err = strconv.ParseUint(q, 10, 64); err != nil {
@@ -288,8 +309,12 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	etag := syncapi.ETag(im.Generation())
 	h := w.Header()
 	h.Set("ETag", etag)
+	h.Set(syncapi.EpochHeader, s.epoch)
 	h.Set("Cache-Control", "no-cache")
-	if noneMatch(r.Header.Get("If-None-Match"), etag) {
+	if !sameHistory {
+		since = 0
+	}
+	if sameHistory && noneMatch(r.Header.Get("If-None-Match"), etag) {
 		s.m.requests.WithLabelValues("not_modified").Inc()
 		w.WriteHeader(http.StatusNotModified)
 		return
@@ -408,7 +433,15 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 		s.reject(w, r, http.StatusBadRequest, "corrupt", err.Error())
 		return
 	}
+	from := r.Header.Get(ForwardedHeader)
+	if from == s.epoch {
+		w.WriteHeader(http.StatusAccepted) // our own, come back: applied already
+		return
+	}
 	s.ix.Report(bt)
+	if from == "" {
+		s.forward(body)
+	}
 	s.m.batches.Inc()
 	s.m.reportBytes.Add(float64(len(body)))
 	w.WriteHeader(http.StatusAccepted)
@@ -424,6 +457,12 @@ func (s *Server) SetTokens(tokens ...string) {
 		}
 	}
 	s.tokens.Store(&sums)
+	for _, t := range tokens {
+		if t != "" {
+			s.peerToken.Store(&t)
+			break
+		}
+	}
 }
 
 // authorized checks an Authorization header against every accepted token

@@ -17,11 +17,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvroute/kvroute/cachesync/internal/index"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
+	"github.com/kvroute/kvroute/shared/syncapi"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -619,5 +621,107 @@ func TestGatewayTemplates(t *testing.T) {
 	}
 	if got, auto := f.srv.GatewayTemplates(0); len(got) != 0 || auto {
 		t.Errorf("GatewayTemplates(0) = %v, %v; want none", got, auto)
+	}
+}
+
+// TestEpochs: a since from another cachesync's history (a replica, or this
+// process's predecessor) gets a whole snapshot, and its If-None-Match does
+// not match; this epoch's since gets a diff.
+func TestEpochs(t *testing.T) {
+	f := newFixture(t, Config{}, index.Config{})
+	f.endpoints(t, 1, index.Precise)
+	im := f.ix.Publish()
+	gen := strconv.FormatUint(im.Generation(), 10)
+	etag := `"` + gen + `"`
+	resp, _ := f.do(t, "GET", "/v1/snapshot", nil)
+	epoch := resp.Header.Get(syncapi.EpochHeader)
+	if !syncapi.ValidEpoch(epoch) || epoch != f.srv.Epoch() {
+		t.Fatalf("epoch header %q, server's %q", epoch, f.srv.Epoch())
+	}
+	if other := newFixture(t, Config{}, index.Config{}); other.srv.Epoch() == epoch {
+		t.Fatal("two servers share an epoch")
+	}
+	sink, _ := f.ix.Sink(addr(0))
+	sink.Add(777, snapshot.TierGPU)
+	f.ix.Publish()
+	for _, tc := range []struct {
+		query string
+		inm   string
+		since uint64 // of the bundle; 0 is whole
+		code  int
+	}{
+		{"since=" + gen + "&epoch=" + epoch, "", im.Generation(), http.StatusOK},
+		{"since=" + gen, "", im.Generation(), http.StatusOK}, // a filter that names no epoch
+		{"since=" + gen + "&epoch=0123456789abcdef", "", 0, http.StatusOK},
+		{"since=" + gen + "&epoch=0123456789abcdef", etag, 0, http.StatusOK},
+	} {
+		resp, body := f.do(t, "GET", "/v1/snapshot?"+tc.query, nil, "If-None-Match", tc.inm)
+		if resp.StatusCode != tc.code {
+			t.Errorf("%s: %s", tc.query, resp.Status)
+			continue
+		}
+		bd, err := snapshot.ParseBundle(body)
+		if err != nil || bd.Since() != tc.since {
+			t.Errorf("%s: bundle since %d, want %d (%v)", tc.query, bd.Since(), tc.since, err)
+		}
+	}
+	f.ix.Publish()
+	cur := `"` + strconv.FormatUint(f.ix.Image().Generation(), 10) + `"`
+	if resp, _ := f.do(t, "GET", "/v1/snapshot?since=1&epoch="+epoch, nil, "If-None-Match", cur); resp.StatusCode != http.StatusNotModified {
+		t.Errorf("this epoch's current tag: %s, want 304", resp.Status)
+	}
+	if resp, _ := f.do(t, "GET", "/v1/snapshot?since=1&epoch=0123456789abcdef", nil, "If-None-Match", cur); resp.StatusCode != http.StatusOK {
+		t.Errorf("another epoch's tag: %s, want a whole snapshot", resp.Status)
+	}
+}
+
+// TestPeersForwardReports: a batch a gateway sends to one replica reaches
+// the other's index; a forwarded batch is not forwarded again, and one that
+// comes back to its sender is not applied twice.
+func TestPeersForwardReports(t *testing.T) {
+	b := newFixture(t, Config{Tokens: []string{token}}, index.Config{})
+	a := newFixture(t, Config{Tokens: []string{token}, Peers: []string{strings.TrimPrefix(b.ts.URL, "http://")}}, index.Config{})
+	for _, f := range []*fixture{a, b} {
+		f.endpoints(t, 1, index.Approximate)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a.srv.runPeers(ctx)
+	hs := []uint64{0xaaaa, 0xbbbb}
+	resp, _ := a.do(t, "POST", "/v1/reports", batchBytes(t, report.Record{Endpoint: addr(0), Hashes: hs, Reason: "least-load"}), a.auth...)
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("report to a: %s", resp.Status)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !holds(t, b, 0, hs) {
+		if time.Now().After(deadline) {
+			t.Fatal("b never learned a's report")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !holds(t, a, 0, hs) {
+		t.Error("a did not apply its own report")
+	}
+	var sent dto.Metric
+	a.srv.pm.forwarded.WithLabelValues(strings.TrimPrefix(b.ts.URL, "http://"), "sent").Write(&sent)
+	if n := sent.GetCounter().GetValue(); n != 1 {
+		t.Errorf("a forwarded %v batches, want 1", n)
+	}
+	// b got it forwarded: it forwards nothing (it has no peers anyway, but
+	// a forwarded batch must not even be queued).
+	b.srv.peers = []*peer{{addr: "unused", batches: make(chan []byte, 1)}}
+	b.do(t, "POST", "/v1/reports", batchBytes(t, report.Record{Endpoint: addr(0), Hashes: []uint64{1}}), append(b.auth, ForwardedHeader, a.srv.Epoch())...)
+	if len(b.srv.peers[0].batches) != 0 {
+		t.Error("a forwarded batch was queued for forwarding again")
+	}
+	// A batch back at its sender is taken and ignored.
+	b.ix.Publish()
+	before := b.ix.Decisions()["unknown"]
+	if resp, _ := b.do(t, "POST", "/v1/reports", batchBytes(t, report.Record{Endpoint: addr(0), Hashes: []uint64{2}}), append(b.auth, ForwardedHeader, b.srv.Epoch())...); resp.StatusCode != http.StatusAccepted {
+		t.Errorf("own batch back: %s", resp.Status)
+	}
+	b.ix.Publish()
+	if b.ix.Decisions()["unknown"] != before {
+		t.Error("a batch back at its sender was applied")
 	}
 }

@@ -1,0 +1,103 @@
+package e2e
+
+import (
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/e2e/vllmsim"
+)
+
+var (
+	cachesyncOnce sync.Once
+	cachesyncBin  string
+	cachesyncErr  error
+)
+
+// cachesyncBinary builds cachesync once per test binary.
+func cachesyncBinary(t *testing.T) string {
+	t.Helper()
+	cachesyncOnce.Do(func() {
+		cachesyncBin = filepath.Join(workDir, "cachesync")
+		if out, err := exec.Command("go", "build", "-o", cachesyncBin, "../cachesync").CombinedOutput(); err != nil {
+			cachesyncErr = &buildError{string(out), err}
+		}
+	})
+	if cachesyncErr != nil {
+		t.Fatal(cachesyncErr)
+	}
+	return cachesyncBin
+}
+
+type buildError struct {
+	out string
+	err error
+}
+
+func (e *buildError) Error() string { return "build cachesync: " + e.err.Error() + "\n" + e.out }
+
+// freeAddr returns a loopback address nothing listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// cachesyncProcess is cachesync run as a process of its own, precise for
+// the engines, so that it can be killed (SIGKILL) and its memory is its
+// own.
+type cachesyncProcess struct {
+	addr string
+	args []string
+	cmd  *exec.Cmd
+}
+
+func newCachesyncProcess(t *testing.T, engines []*vllmsim.Engine, addr string, extra ...string) *cachesyncProcess {
+	t.Helper()
+	var spec []string
+	for _, e := range engines {
+		spec = append(spec, e.Addr()+"?events="+e.EventsEndpoint()+"&replay="+e.ReplayEndpoint())
+	}
+	p := &cachesyncProcess{addr: addr, args: append([]string{"-listen", addr, "-engines", strings.Join(spec, ","),
+		"-report-token", reportToken, "-tokenizer", "cl100k_base", "-scrape-interval", "250ms", "-log-level", "warn"}, extra...)}
+	t.Cleanup(p.kill)
+	return p
+}
+
+// start runs the process and waits until it answers.
+func (p *cachesyncProcess) start(t *testing.T) {
+	t.Helper()
+	p.cmd = exec.Command(cachesyncBinary(t), p.args...)
+	p.cmd.Stderr = os.Stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "cachesync to listen on "+p.addr, func() bool {
+		resp, err := http.Get("http://" + p.addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == http.StatusOK
+	})
+}
+
+// kill sends SIGKILL and reaps the process.
+func (p *cachesyncProcess) kill() {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.cmd.Wait()
+	p.cmd = nil
+}

@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/e2e/vllmsim"
+)
+
+// TestCachesyncReplicas: two cachesync replicas, each following every
+// engine's events and forwarding the gateways' reports to the other,
+// behind the filter's cachesync cluster as a primary and a standby (Envoy
+// priorities, with outlier detection ejecting a replica at its first
+// failure). The primary is killed (SIGKILL) under load and restarted:
+// no request fails, the filter's snapshots come from the standby within
+// one failed fetch, and affinity holds its share of the decisions.
+func TestCachesyncReplicas(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.02})
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	a := newCachesyncProcess(t, es, addrA, "-peers", addrB)
+	b := newCachesyncProcess(t, es, addrB, "-peers", addrA)
+	a.start(t)
+	b.start(t)
+	cfg := cachesyncConfig(t, engineAddrs(es), addrA, nil)
+	must(t, cfg.SetPriorityEndpoints("cachesync", []string{addrA}, []string{addrB}))
+	must(t, cfg.SetClusterField("cachesync", "outlier_detection", map[string]any{
+		"consecutive_gateway_failure": 1, "enforcing_consecutive_gateway_failure": 100,
+		"consecutive_5xx": 1, "interval": "0.5s", "base_ejection_time": "5s", "max_ejection_percent": 100,
+	}))
+	g := startGateway(t, cfg, 2)
+
+	tenant := func(i int) string {
+		return "Tenant " + strconv.Itoa(i%6) + " rules. " + strings.Repeat("Cite the contract clause. ", 50)
+	}
+	for i := range 6 {
+		post(t, g.client, g.url, simChat(tenant(i), "warm", 1))
+	}
+	waitFor(t, 10*time.Second, "routing by snapshot", func() bool {
+		return strings.Contains(probe(t, g, tenant(0), "q"), "reason=affinity")
+	})
+
+	type window struct{ sent, failed, affinity, rendezvous int }
+	var mu sync.Mutex
+	phase := 0
+	var windows [3]window
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, d, err := tryPost(g.client, g.url, simChat(tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 2))
+				mu.Lock()
+				w := &windows[phase]
+				w.sent++
+				if err != nil || code != http.StatusOK {
+					w.failed++
+				}
+				switch {
+				case strings.Contains(d, "reason=affinity"):
+					w.affinity++
+				case strings.Contains(d, "reason=rendezvous"):
+					w.rendezvous++
+				}
+				mu.Unlock()
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+	setPhase := func(p int) {
+		mu.Lock()
+		phase = p
+		mu.Unlock()
+	}
+	stats := func() map[string]int64 {
+		s, err := g.envoy.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	time.Sleep(3 * time.Second)
+	before := stats()
+	setPhase(1)
+	a.kill() // the primary dies mid-load
+	time.Sleep(4 * time.Second)
+	during := stats()
+	setPhase(2)
+	a.start(t) // and comes back, empty, on its address
+	time.Sleep(8 * time.Second)
+	close(stop)
+	wg.Wait()
+	after := stats()
+
+	names := []string{"before", "primary killed", "primary restarted"}
+	for i, w := range windows {
+		t.Logf("%s: %d requests, %d failed, affinity %.0f%%, rendezvous %d", names[i], w.sent, w.failed,
+			100*float64(w.affinity)/float64(max(w.sent, 1)), w.rendezvous)
+		if w.failed > 0 || w.sent < 20 {
+			t.Errorf("%s: %d of %d requests failed", names[i], w.failed, w.sent)
+		}
+		if w.rendezvous > 0 {
+			t.Errorf("%s: %d decisions without a snapshot", names[i], w.rendezvous)
+		}
+	}
+	share := func(w window) float64 { return float64(w.affinity) / float64(w.sent) }
+	for i := 1; i < 3; i++ {
+		if d := share(windows[i]) - share(windows[0]); d < -0.05 {
+			t.Errorf("%s: affinity %.0f%% of decisions against %.0f%% before", names[i], 100*share(windows[i]), 100*share(windows[0]))
+		}
+	}
+	syncErrors := during["wasmcustom.kvroute.sync.errors"] - before["wasmcustom.kvroute.sync.errors"]
+	t.Logf("sync errors while the primary was down: %d; fetched %d bytes then, %d after its restart",
+		syncErrors, during["wasmcustom.kvroute.sync.fetched_bytes"]-before["wasmcustom.kvroute.sync.fetched_bytes"],
+		after["wasmcustom.kvroute.sync.fetched_bytes"]-during["wasmcustom.kvroute.sync.fetched_bytes"])
+	if syncErrors > 1 {
+		t.Errorf("%d failed fetches before the filter moved to the standby", syncErrors)
+	}
+	// The standby learned the gateway's reports through the primary's
+	// forwarding before it died.
+	if fams := metrics(t, "http://"+addrB+"/metrics"); fams["kvroute_cachesync_report_batches_total"] == nil ||
+		fams["kvroute_cachesync_report_batches_total"].Metric[0].Counter.GetValue() == 0 {
+		t.Error("the standby received no report batches")
+	}
+}
+
+func engineAddrs(es []*vllmsim.Engine) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Addr())
+	}
+	return out
+}
