@@ -5,24 +5,38 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	apinet "istio.io/api/networking/v1alpha3"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kvroute/kvroute/cachesync/daemon"
 )
 
 // TestCachesyncManifest checks cachesync.yaml against the daemon's own flag
-// parser and against the rest of the install: the Service the filter calls,
-// the token the filter reads, the permissions discovery needs.
+// parser and against the rest of the install: the replicas the filter
+// calls and that forward each other reports, the token the filter reads,
+// the permissions discovery needs.
 func TestCachesyncManifest(t *testing.T) {
 	in := loadInstall(t)
-	if len(in.deployments) != 1 || len(in.services) != 1 || len(in.roles) != 1 || len(in.roleBindings) != 1 || len(in.secrets) != 1 {
-		t.Fatalf("cachesync.yaml: %d deployments, %d services, %d roles, %d bindings, %d secrets; want one each",
-			len(in.deployments), len(in.services), len(in.roles), len(in.roleBindings), len(in.secrets))
+	if len(in.statefulSets) != 1 || len(in.services) != 2 || len(in.roles) != 1 || len(in.roleBindings) != 1 || len(in.secrets) != 1 {
+		t.Fatalf("cachesync.yaml: %d stateful sets, %d services, %d roles, %d bindings, %d secrets; want 1, 2, 1, 1, 1",
+			len(in.statefulSets), len(in.services), len(in.roles), len(in.roleBindings), len(in.secrets))
 	}
-	dep, svc := in.deployments[0], in.services[0]
+	dep := in.statefulSets[0]
+	var peers *corev1.Service
+	for _, svc := range in.services {
+		if svc.Name == dep.Spec.ServiceName {
+			peers = svc
+		}
+	}
+	if peers == nil || peers.Spec.ClusterIP != corev1.ClusterIPNone || *dep.Spec.Replicas != 2 {
+		t.Fatalf("want two replicas named through a headless Service, have %d and %+v", *dep.Spec.Replicas, peers)
+	}
 	c := dep.Spec.Template.Spec.Containers[0]
 
 	// The arguments are what cachesync itself accepts; the token file is
@@ -55,10 +69,18 @@ func TestCachesyncManifest(t *testing.T) {
 		t.Errorf("parsed %+v: want the Secret's token file and the engines' Service llm/vllm", cfg)
 	}
 
-	// The filter's cachesync cluster is istiod's outbound cluster of the Service.
-	want := "outbound|" + "8080" + "||" + svc.Name + "." + svc.Namespace + ".svc.cluster.local"
-	if svc.Spec.Ports[0].Port != 8080 || !strings.HasSuffix(cfg.Listen, ":8080") {
-		t.Errorf("Service port %d, cachesync listens on %s; want 8080 both", svc.Spec.Ports[0].Port, cfg.Listen)
+	// Each replica's name, as the StatefulSet and its headless Service
+	// make it; the peers list both, and the filter's cluster has them as
+	// its two priority levels.
+	var names []string
+	for i := range int(*dep.Spec.Replicas) {
+		names = append(names, dep.Name+"-"+strconv.Itoa(i)+"."+peers.Name+"."+dep.Namespace+".svc.cluster.local:8080")
+	}
+	if !strings.HasSuffix(cfg.Listen, ":8080") || peers.Spec.Ports[0].Port != 8080 {
+		t.Errorf("cachesync listens on %s, its Service port %d; want 8080 both", cfg.Listen, peers.Spec.Ports[0].Port)
+	}
+	if cfg.Peers != strings.Join(names, ",") {
+		t.Errorf("-peers %q, want %q", cfg.Peers, strings.Join(names, ","))
 	}
 	_, plugin := in.wasm(t)
 	var pc struct {
@@ -74,8 +96,32 @@ func TestCachesyncManifest(t *testing.T) {
 	if err := json.Unmarshal([]byte(sv.GetValue()), &pc); err != nil {
 		t.Fatal(err)
 	}
-	if pc.Cachesync.Cluster != want {
-		t.Errorf("filter calls cluster %q, want %q", pc.Cachesync.Cluster, want)
+	var cluster *clusterv3.Cluster
+	for _, p := range in.patches {
+		if c, ok := p.value.(*clusterv3.Cluster); ok && p.spec.GetPatch().GetOperation() == apinet.EnvoyFilter_Patch_ADD {
+			cluster = c
+		}
+	}
+	if cluster == nil || pc.Cachesync.Cluster != cluster.GetName() {
+		t.Fatalf("filter calls cluster %q, which no patch adds", pc.Cachesync.Cluster)
+	}
+	levels := cluster.GetLoadAssignment().GetEndpoints()
+	var got []string
+	for i, l := range levels {
+		sa := l.GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+		got = append(got, sa.GetAddress()+":"+strconv.Itoa(int(sa.GetPortValue())))
+		if int(l.GetPriority()) != i || len(l.GetLbEndpoints()) != 1 {
+			t.Errorf("level %d: priority %d, %d endpoints", i, l.GetPriority(), len(l.GetLbEndpoints()))
+		}
+	}
+	if !slices.Equal(got, names) {
+		t.Errorf("cluster levels %v, want the replicas %v in order", got, names)
+	}
+	// One failure ejects the primary, and ejecting it is allowed.
+	od := cluster.GetOutlierDetection()
+	if od.GetConsecutiveGatewayFailure().GetValue() != 1 || od.GetEnforcingConsecutiveGatewayFailure().GetValue() != 100 ||
+		od.GetMaxEjectionPercent().GetValue() != 100 {
+		t.Errorf("outlier detection %v", od)
 	}
 	keys := plugin.GetVmConfig().GetEnvironmentVariables().GetHostEnvKeys()
 	if pc.Cachesync.ReportTokenEnv == "" || !slices.Contains(keys, pc.Cachesync.ReportTokenEnv) {
@@ -90,6 +136,6 @@ func TestCachesyncManifest(t *testing.T) {
 	}
 	if rb.RoleRef.Name != role.Name || rb.Subjects[0].Name != dep.Spec.Template.Spec.ServiceAccountName ||
 		rb.Subjects[0].Namespace != dep.Namespace {
-		t.Errorf("role binding %+v does not bind the Deployment's service account", rb)
+		t.Errorf("role binding %+v does not bind the replicas' service account", rb)
 	}
 }

@@ -186,12 +186,18 @@ func gatewayBootstrap(t testing.TB, in *install, module string, engines []engine
 		typedFilter(t, "envoy.filters.http.router", &routerv3.Router{}),
 	}
 	var extension *corev3.TypedExtensionConfig
+	var added []*clusterv3.Cluster
 	for _, p := range in.patches {
 		switch p.spec.GetApplyTo() {
 		case apinet.EnvoyFilter_EXTENSION_CONFIG:
 			extension = fetched(t, p.value.(*corev3.TypedExtensionConfig), module, engines)
 		case apinet.EnvoyFilter_CLUSTER:
-			if p.spec.GetMatch().GetCluster().GetService() == dest.GetHost() {
+			switch {
+			case p.spec.GetPatch().GetOperation() == apinet.EnvoyFilter_Patch_ADD:
+				// cachesync's replicas: Envoy must take the cluster (its
+				// cluster-local names do not resolve here).
+				added = append(added, p.value.(*clusterv3.Cluster))
+			case p.spec.GetMatch().GetCluster().GetService() == dest.GetHost():
 				proto.Merge(cluster, p.value)
 			}
 		case apinet.EnvoyFilter_HTTP_ROUTE:
@@ -212,8 +218,10 @@ func gatewayBootstrap(t testing.TB, in *install, module string, engines []engine
 			filters[i] = &hcmv3.HttpFilter{Name: f.GetName(), ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: extension.GetTypedConfig()}}
 		}
 	}
-	if err := validate(cluster); err != nil {
-		t.Fatalf("patched cluster: %v", err)
+	for _, c := range append([]*clusterv3.Cluster{cluster}, added...) {
+		if err := validate(c); err != nil {
+			t.Fatalf("cluster %s: %v", c.GetName(), err)
+		}
 	}
 	if err := validate(routeCfg); err != nil {
 		t.Fatalf("patched route: %v", err)
@@ -238,7 +246,7 @@ func gatewayBootstrap(t testing.TB, in *install, module string, engines []engine
 					ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, hcm)},
 				}}}},
 			}},
-			Clusters: []*clusterv3.Cluster{cluster},
+			Clusters: append([]*clusterv3.Cluster{cluster}, added...),
 		},
 	}
 }

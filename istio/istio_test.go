@@ -45,7 +45,7 @@ type install struct {
 	destinationRules []*netv1.DestinationRule
 	envoyFilters     []*netv1alpha3.EnvoyFilter
 	// cachesync.yaml's Kubernetes objects.
-	deployments     []*appsv1.Deployment
+	statefulSets    []*appsv1.StatefulSet
 	services        []*corev1.Service
 	serviceAccounts []*corev1.ServiceAccount
 	secrets         []*corev1.Secret
@@ -142,8 +142,8 @@ func (in *install) add(doc []byte) error {
 			}
 			in.patches = append(in.patches, patch{filter: ef.Name, spec: p, value: v})
 		}
-	case "apps/v1 Deployment":
-		return strict(doc, &in.deployments)
+	case "apps/v1 StatefulSet":
+		return strict(doc, &in.statefulSets)
 	case "v1 Service":
 		return strict(doc, &in.services)
 	case "v1 ServiceAccount":
@@ -249,6 +249,22 @@ func (in *install) only(t testing.TB, applyTo apinet.EnvoyFilter_ApplyTo) patch 
 	}
 	if len(found) != 1 {
 		t.Fatalf("%d %s patches, want 1", len(found), applyTo)
+	}
+	return found[0]
+}
+
+// merged returns the one patch of kind applyTo that merges into an object
+// istiod makes (not one that adds its own).
+func (in *install) merged(t testing.TB, applyTo apinet.EnvoyFilter_ApplyTo) patch {
+	t.Helper()
+	var found []patch
+	for _, p := range in.patches {
+		if p.spec.GetApplyTo() == applyTo && p.spec.GetPatch().GetOperation() == apinet.EnvoyFilter_Patch_MERGE {
+			found = append(found, p)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d %s MERGE patches, want 1", len(found), applyTo)
 	}
 	return found[0]
 }
@@ -367,7 +383,7 @@ func TestPatchesMatchTheRoute(t *testing.T) {
 		}
 	}
 
-	cl := in.only(t, apinet.EnvoyFilter_CLUSTER)
+	cl := in.merged(t, apinet.EnvoyFilter_CLUSTER)
 	m := cl.spec.GetMatch().GetCluster()
 	if m.GetService() != dest.GetHost() || m.GetPortNumber() != dest.GetPort().GetNumber() {
 		t.Errorf("cluster patch matches %s:%d, the route goes to %s:%d",

@@ -136,7 +136,7 @@ func TestKustomizeNamesTheEngines(t *testing.T) {
 	if !clusterPatched {
 		t.Error("the cluster patch does not match the engines' Service")
 	}
-	args := in.deployments[0].Spec.Template.Spec.Containers[0].Args
+	args := in.statefulSets[0].Spec.Template.Spec.Containers[0].Args
 	if args[1] != "-k8s-service" || args[2] != "serving/qwen" {
 		t.Errorf("cachesync args %v", args)
 	}
@@ -156,7 +156,7 @@ func TestKustomizeInferencePool(t *testing.T) {
 			t.Fatalf("document %d: %v", i+1, err)
 		}
 	}
-	args := in.deployments[0].Spec.Template.Spec.Containers[0].Args
+	args := in.statefulSets[0].Spec.Template.Spec.Containers[0].Args
 	if args[1] != "-k8s-inference-pool" || args[2] != "serving/qwen-pool" || strings.Contains(strings.Join(args, " "), "-k8s-port") {
 		t.Errorf("cachesync args %v", args)
 	}
