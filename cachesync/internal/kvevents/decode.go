@@ -22,8 +22,14 @@ const maxDepth = 16
 
 // maxIntern bounds the strings a Decoder keeps to avoid allocating them
 // again (media, LoRA names, spec kinds); cache salts vary per request and
-// are allocated once the table is full.
-const maxIntern = 1024
+// are allocated once the table is full. Only strings up to maxInternLen
+// bytes are kept: a cache salt is a client's string, and 1,024 of a
+// client's megabyte salts would pin a gigabyte for the process's life (a
+// long fuzz run found the table holding 1.4 GB).
+const (
+	maxIntern    = 1024
+	maxInternLen = 128
+)
 
 // Decoder decodes EventBatch payloads, reusing its memory from one batch to
 // the next. It is not safe for concurrent use.
@@ -549,7 +555,7 @@ func (d *Decoder) optStr() (string, error) {
 		return s, nil
 	}
 	s := string(b)
-	if len(d.intern) < maxIntern {
+	if len(d.intern) < maxIntern && len(s) <= maxInternLen {
 		d.intern[s] = s
 	}
 	return s, nil
@@ -595,8 +601,13 @@ func (d *Decoder) skip(depth int) error {
 	case isMap(c):
 		n, err = d.length(d.d.DecodeMapLen())
 		n *= 2
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		return d.skipBytes(d.d.DecodeBytesLen())
+	case msgpcode.IsExt(c):
+		_, size, err := d.d.DecodeExtHeader()
+		return d.skipBytes(size, err)
 	default:
-		return d.d.Skip()
+		return d.d.Skip() // a scalar: its size is in its code
 	}
 	if err != nil {
 		return err
@@ -607,6 +618,21 @@ func (d *Decoder) skip(depth int) error {
 		}
 	}
 	return nil
+}
+
+// skipBytes passes over the n bytes of a string, binary or extension
+// value whose header was read, after checking that the payload holds them.
+// msgpack's own Skip reads a declared length into its scratch buffer,
+// which a long run of hostile payloads grew past a gigabyte.
+func (d *Decoder) skipBytes(n int, err error) error {
+	if err != nil {
+		return err
+	}
+	if n < 0 || n > d.r.Len() {
+		return fmt.Errorf("value of %d bytes exceeds the %d bytes left", n, d.r.Len())
+	}
+	_, err = d.r.Seek(int64(n), io.SeekCurrent)
+	return err
 }
 
 func (d *Decoder) skipN(n int) error {

@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -262,9 +264,21 @@ func FuzzDecode(f *testing.F) {
 		f.Add(p)
 	}
 	d := NewDecoder()
+	// The decoder is reused, as a subscriber's is: what it keeps between
+	// payloads must stay bounded whatever they declare (a run of hostile
+	// payloads once grew msgpack's scratch buffer past a gigabyte).
+	runs := 0
 	f.Fuzz(func(t *testing.T, p []byte) {
 		var b Batch
-		if err := d.Decode(p, &b); err != nil {
+		err := d.Decode(p, &b)
+		if runs++; runs%256 == 0 {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			if ms.HeapAlloc > 512<<20 {
+				t.Fatalf("heap at %d MiB after %d payloads: the decoder keeps what payloads declare", ms.HeapAlloc>>20, runs)
+			}
+		}
+		if err != nil {
 			return
 		}
 		for _, e := range b.Events {
@@ -273,4 +287,34 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSkipRefusesDeclaredLengths: a value the decoder passes over (here a
+// batch's fourth element) that declares more bytes than the payload holds
+// is refused by its header, never read into a buffer, and the decoder
+// keeps nothing of it: repeated, the heap stays where it was.
+func TestSkipRefusesDeclaredLengths(t *testing.T) {
+	d := NewDecoder()
+	for _, tail := range [][]byte{
+		{0xdb, 0x7f, 0xff, 0xff, 0xff, 'x'},    // str32 of 2 GiB
+		{0xc6, 0x7f, 0xff, 0xff, 0xff, 'x'},    // bin32
+		{0xc9, 0x7f, 0xff, 0xff, 0xff, 1, 'x'}, // ext32
+	} {
+		// [ts, events: [], dp rank: nil, tail]
+		payload := append([]byte{0x94, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90, 0xc0}, tail...)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for range 200 {
+			var b Batch
+			if err := d.Decode(payload, &b); err == nil || !strings.Contains(err.Error(), "exceeds") {
+				t.Fatalf("%x: %v, want the declared length refused", tail, err)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > 16<<20 {
+			t.Errorf("%x: the heap grew %d MiB over 200 payloads", tail, grown>>20)
+		}
+	}
 }
