@@ -1,0 +1,284 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/e2e/vllmsim"
+)
+
+// streamed is one streamed request's fate.
+type streamed struct {
+	start    time.Time
+	chosen   string // the filter's choice
+	served   string // where Envoy sent it in the end
+	complete bool   // 200 and the stream ended with [DONE]
+}
+
+// streamChat sends a streamed chat request and reads it to the end.
+func streamChat(client *http.Client, url, system, user string, maxTokens int) streamed {
+	r := streamed{start: time.Now()}
+	b, _ := json.Marshal(map[string]any{
+		"model": simModel, "max_tokens": maxTokens, "stream": true,
+		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
+	})
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		return r
+	}
+	defer resp.Body.Close()
+	r.chosen = field(resp.Header.Get("x-kvroute-decision"), "endpoint")
+	r.served = resp.Header.Get("x-gateway-destination-endpoint-served")
+	sc := bufio.NewScanner(resp.Body)
+	last := ""
+	for sc.Scan() {
+		if line := sc.Text(); line != "" {
+			last = line
+		}
+	}
+	r.complete = resp.StatusCode == http.StatusOK && sc.Err() == nil && last == "data: [DONE]"
+	return r
+}
+
+// TestFaultEngineKilledMidStream: an engine dies while it streams answers
+// under load. The streams it held fail, as the engine failed them; every
+// other request is answered (one routed to the dead engine before the
+// router knew is retried on the next endpoint of the filter's list); and
+// after the scrapes miss it and a snapshot says so, no request is routed
+// there at all.
+func TestFaultEngineKilledMidStream(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+	victim := es[1].Addr()
+	tenant := func(i int) string {
+		return "Tenant " + strconv.Itoa(i%6) + " rules. " + strings.Repeat("Quote the policy you apply. ", 40)
+	}
+	for i := range 6 {
+		post(t, g.client, g.url, simChat(tenant(i), "warm", 1))
+	}
+
+	var mu sync.Mutex
+	var results []streamed
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := streamChat(g.client, g.url, tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 300)
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(3 * time.Second)
+	killed := time.Now()
+	es[1].Close()
+	time.Sleep(5 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	// The router knows once three scrapes (200 ms apart) have missed and a
+	// snapshot (100 ms) has been fetched: well within 2 s.
+	known := killed.Add(2 * time.Second)
+	var onVictim, victimFailed, retried, otherFailed, lateToVictim, total int
+	for _, r := range results {
+		total++
+		switch {
+		case r.start.Before(killed) && r.served == victim:
+			onVictim++
+			if !r.complete {
+				victimFailed++
+			}
+		case !r.complete:
+			otherFailed++
+			t.Errorf("a request started %v after the kill, chosen %s, served by %s, failed", r.start.Sub(killed).Round(time.Millisecond), r.chosen, r.served)
+		case r.chosen == victim && r.served != victim:
+			retried++
+		}
+		if r.start.After(known) && (r.chosen == victim || r.served == victim) {
+			lateToVictim++
+		}
+	}
+	t.Logf("%d streamed requests: %d were on the killed engine before it died, %d of them cut off (the engine's failure); "+
+		"%d routed to it after its death and retried on the next endpoint; %d failed otherwise; %d routed to it 2 s after its death",
+		total, onVictim, victimFailed, retried, otherFailed, lateToVictim)
+	if onVictim == 0 || victimFailed == 0 {
+		t.Errorf("the kill cut no stream (%d on the engine): the test proves nothing", onVictim)
+	}
+	if lateToVictim > 0 {
+		t.Errorf("%d requests still went to the dead engine 2 s after it died", lateToVictim)
+	}
+}
+
+// freezer is a TCP proxy in front of an engine's HTTP port that can stop
+// answering while keeping the port: connections are accepted and held,
+// nothing is forwarded, as from an engine wedged in a CUDA call.
+type freezer struct {
+	ln     net.Listener
+	target string
+	frozen atomic.Bool
+}
+
+func newFreezer(t *testing.T, target string) *freezer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &freezer{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go f.serve(c)
+		}
+	}()
+	return f
+}
+
+func (f *freezer) addr() string { return f.ln.Addr().String() }
+
+func (f *freezer) serve(c net.Conn) {
+	defer c.Close()
+	if f.frozen.Load() {
+		io.Copy(io.Discard, c) // held until the client gives up
+		return
+	}
+	u, err := net.Dial("tcp", f.target)
+	if err != nil {
+		return
+	}
+	defer u.Close()
+	go func() {
+		f.pipe(u, c)
+		u.Close()
+	}()
+	f.pipe(c, u)
+}
+
+// pipe copies src to dst until the freezer freezes; from then on it reads
+// and drops, so that a pooled connection hangs as a new one does.
+func (f *freezer) pipe(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !f.frozen.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// TestFaultEngineBlackHole: an engine stops answering but keeps its port.
+// Requests already sent there are lost (they time out at the client); the
+// scrapes time out too, the engine is marked unhealthy within a second,
+// and no request is routed there after that.
+func TestFaultEngineBlackHole(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	fz := newFreezer(t, es[2].Addr())
+	spec := []string{}
+	addrs := []string{}
+	for i, e := range es {
+		a := e.Addr()
+		if i == 2 {
+			a = fz.addr()
+		}
+		addrs = append(addrs, a)
+		spec = append(spec, a+"?events="+e.EventsEndpoint()+"&replay="+e.ReplayEndpoint())
+	}
+	cs := startDaemon(t, "127.0.0.1:0", spec, true)
+	g := cachesyncGatewayFor(t, addrs, cs.addr, nil)
+	client := &http.Client{Timeout: 3 * time.Second}
+	tenant := func(i int) string {
+		return "Tenant " + strconv.Itoa(i%6) + " rules. " + strings.Repeat("Quote the policy you apply. ", 40)
+	}
+	for i := range 6 {
+		post(t, g.client, g.url, simChat(tenant(i), "warm", 1))
+	}
+	waitFor(t, 10*time.Second, "routing by snapshot", func() bool {
+		return strings.Contains(probe(t, g, tenant(0), "q"), "reason=")
+	})
+
+	type outcome struct {
+		start  time.Time
+		chosen string
+		ok     bool
+	}
+	var mu sync.Mutex
+	var results []outcome
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				code, d, err := tryPost(client, g.url, simChat(tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 8))
+				mu.Lock()
+				results = append(results, outcome{start: start, chosen: field(d, "endpoint"), ok: err == nil && code == http.StatusOK})
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	frozen := time.Now()
+	fz.frozen.Store(true)
+	time.Sleep(6 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	// Three scrapes of 200 ms time out, then a snapshot: within 1.5 s.
+	known := frozen.Add(1500 * time.Millisecond)
+	// A request into the black hole times out at the client without a
+	// response, so without the filter's header: every failure of a request
+	// started before the router knew is the black hole's, any later one
+	// the router's.
+	var lost, late, total int
+	for _, r := range results {
+		total++
+		switch {
+		case !r.ok && r.start.Before(known):
+			lost++
+		case !r.ok || r.chosen == fz.addr() && r.start.After(known):
+			late++
+			t.Errorf("a request started %v after the freeze, chosen %q, failed or went to the frozen engine", r.start.Sub(frozen).Round(time.Millisecond), r.chosen)
+		}
+	}
+	t.Logf("%d requests: %d lost in the black hole before it was known (the engine's failure), %d failed or went there 1.5 s after it froze",
+		total, lost, late)
+	if lost == 0 {
+		t.Error("no request went into the black hole: the test proves nothing")
+	}
+}
