@@ -161,10 +161,12 @@ func filter(page []byte) []byte {
 }
 
 func keep(line []byte) bool {
-	if rest, ok := bytes.CutPrefix(line, []byte("# ")); ok {
-		_, rest, _ = bytes.Cut(rest, []byte(" ")) // HELP or TYPE
-		name, _, _ := bytes.Cut(rest, []byte(" "))
-		return families[string(name)]
+	if rest, ok := bytes.CutPrefix(line, []byte("#")); ok {
+		// A HELP or TYPE line, however it is spaced: the text parser reads
+		// "#TYPE x histogram" as a TYPE line too, and a family kept without
+		// its type would read differently (found by make fuzz).
+		f := bytes.Fields(rest)
+		return len(f) >= 2 && families[string(f[1])]
 	}
 	end := bytes.IndexAny(line, "{ \t")
 	if end <= 0 {
