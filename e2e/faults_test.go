@@ -282,3 +282,85 @@ func TestFaultEngineBlackHole(t *testing.T) {
 		t.Error("no request went into the black hole: the test proves nothing")
 	}
 }
+
+// TestFaultEngineRestarted: an engine restarts under load (a new process
+// on the same ports: its cache empty, its event sequence numbers back at
+// 0, no event saying it lost anything). The streams it held fail; every
+// other request is answered; cachesync notices the restart and drops the
+// engine's index entries, so prefixes it no longer holds stop drawing
+// requests to it, and it is indexed again from its new events.
+func TestFaultEngineRestarted(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+	target := es[0]
+	tenant := func(i int) string {
+		return "Tenant " + strconv.Itoa(i%6) + " rules. " + strings.Repeat("Quote the policy you apply. ", 40)
+	}
+	for i := range 6 {
+		post(t, g.client, g.url, simChat(tenant(i), "warm", 1))
+	}
+
+	var mu sync.Mutex
+	var results []streamed
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := streamChat(g.client, g.url, tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 200)
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(3 * time.Second)
+	restarted := time.Now()
+	if err := target.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	var cut, otherFailed, after, afterOnTarget int
+	for _, r := range results {
+		switch {
+		case !r.complete && r.served == target.Addr() && r.start.Before(restarted):
+			cut++
+		case !r.complete:
+			otherFailed++
+			t.Errorf("a request started %v after the restart, chosen %s, served by %s, failed", r.start.Sub(restarted).Round(time.Millisecond), r.chosen, r.served)
+		}
+		if r.start.After(restarted.Add(2 * time.Second)) {
+			after++
+			if r.served == target.Addr() {
+				afterOnTarget++
+			}
+		}
+	}
+	t.Logf("%d streamed requests: %d cut off by the restart (the engine's failure), %d failed otherwise; "+
+		"from 2 s after it, %d of %d went to the restarted engine", len(results), cut, otherFailed, afterOnTarget, after)
+	if afterOnTarget == 0 {
+		t.Error("the restarted engine was never used again")
+	}
+	// cachesync saw the restart and reset the engine's entries.
+	// Its events stream started again: cachesync resets the engine's
+	// entries whether it proves the restart (sequence numbers went back) or
+	// only sees the stream break with nothing to replay (unverified).
+	m := metrics(t, "http://"+cs.addr+"/metrics")
+	proved, _ := sample(m, `kvroute_cachesync_kv_event_resets_total{reason="restart"}`)
+	unverified, _ := sample(m, `kvroute_cachesync_kv_event_resets_total{reason="unverified"}`)
+	t.Logf("index resets: %v as a restart, %v as an unverified break", proved, unverified)
+	if proved+unverified == 0 {
+		t.Error("cachesync did not reset the restarted engine's index entries")
+	}
+}
