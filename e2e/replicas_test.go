@@ -16,9 +16,10 @@ import (
 // engine's events and forwarding the gateways' reports to the other,
 // behind the filter's cachesync cluster as a primary and a standby (Envoy
 // priorities, with outlier detection ejecting a replica at its first
-// failure). The primary is killed (SIGKILL) under load and restarted:
-// no request fails, the filter's snapshots come from the standby within
-// one failed fetch, and affinity holds its share of the decisions.
+// failure). The primary is killed (SIGKILL) under load and restarted, then
+// the standby is killed: no request fails, the filter's snapshots come from
+// the standby within one failed fetch, and affinity holds its share of the
+// decisions throughout.
 func TestCachesyncReplicas(t *testing.T) {
 	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.02})
 	addrA, addrB := freeAddr(t), freeAddr(t)
@@ -47,7 +48,7 @@ func TestCachesyncReplicas(t *testing.T) {
 	type window struct{ sent, failed, affinity, rendezvous int }
 	var mu sync.Mutex
 	phase := 0
-	var windows [3]window
+	var windows [4]window
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for c := range 4 {
@@ -99,11 +100,20 @@ func TestCachesyncReplicas(t *testing.T) {
 	setPhase(2)
 	a.start(t) // and comes back, empty, on its address
 	time.Sleep(8 * time.Second)
+	// The standby learned the gateway's reports: through the primary's
+	// forwarding, and directly while the primary was down.
+	var standbyBatches float64
+	if f := metrics(t, "http://"+addrB+"/metrics")["kvroute_cachesync_report_batches_total"]; f != nil {
+		standbyBatches = f.Metric[0].Counter.GetValue()
+	}
+	setPhase(3)
+	b.kill() // then the standby dies
+	time.Sleep(3 * time.Second)
 	close(stop)
 	wg.Wait()
 	after := stats()
 
-	names := []string{"before", "primary killed", "primary restarted"}
+	names := []string{"before", "primary killed", "primary restarted", "standby killed"}
 	for i, w := range windows {
 		t.Logf("%s: %d requests, %d failed, affinity %.0f%%, rendezvous %d", names[i], w.sent, w.failed,
 			100*float64(w.affinity)/float64(max(w.sent, 1)), w.rendezvous)
@@ -115,7 +125,7 @@ func TestCachesyncReplicas(t *testing.T) {
 		}
 	}
 	share := func(w window) float64 { return float64(w.affinity) / float64(w.sent) }
-	for i := 1; i < 3; i++ {
+	for i := 1; i < len(windows); i++ {
 		if d := share(windows[i]) - share(windows[0]); d < -0.05 {
 			t.Errorf("%s: affinity %.0f%% of decisions against %.0f%% before", names[i], 100*share(windows[i]), 100*share(windows[0]))
 		}
@@ -127,10 +137,7 @@ func TestCachesyncReplicas(t *testing.T) {
 	if syncErrors > 1 {
 		t.Errorf("%d failed fetches before the filter moved to the standby", syncErrors)
 	}
-	// The standby learned the gateway's reports through the primary's
-	// forwarding before it died.
-	if fams := metrics(t, "http://"+addrB+"/metrics"); fams["kvroute_cachesync_report_batches_total"] == nil ||
-		fams["kvroute_cachesync_report_batches_total"].Metric[0].Counter.GetValue() == 0 {
+	if standbyBatches == 0 {
 		t.Error("the standby received no report batches")
 	}
 }
