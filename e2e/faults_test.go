@@ -70,31 +70,17 @@ func TestFaultEngineKilledMidStream(t *testing.T) {
 
 	var mu sync.Mutex
 	var results []streamed
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := range 6 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r := streamChat(g.client, g.url, tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 300)
-				mu.Lock()
-				results = append(results, r)
-				mu.Unlock()
-			}
-		}()
-	}
+	stop := clients(t, 6, func(c, i int) {
+		r := streamChat(g.client, g.url, tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 300)
+		mu.Lock()
+		results = append(results, r)
+		mu.Unlock()
+	})
 	time.Sleep(3 * time.Second)
 	killed := time.Now()
 	es[1].Close()
 	time.Sleep(5 * time.Second)
-	close(stop)
-	wg.Wait()
+	stop()
 
 	// The router knows once three scrapes (200 ms apart) have missed and a
 	// snapshot (100 ms) has been fetched: well within 2 s.
@@ -232,32 +218,18 @@ func TestFaultEngineBlackHole(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var results []outcome
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := range 6 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				start := time.Now()
-				code, d, err := tryPost(client, g.url, simChat(tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 8))
-				mu.Lock()
-				results = append(results, outcome{start: start, chosen: field(d, "endpoint"), ok: err == nil && code == http.StatusOK})
-				mu.Unlock()
-			}
-		}()
-	}
+	stop := clients(t, 6, func(c, i int) {
+		start := time.Now()
+		code, d, err := tryPost(client, g.url, simChat(tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 8))
+		mu.Lock()
+		results = append(results, outcome{start: start, chosen: field(d, "endpoint"), ok: err == nil && code == http.StatusOK})
+		mu.Unlock()
+	})
 	time.Sleep(2 * time.Second)
 	frozen := time.Now()
 	fz.frozen.Store(true)
 	time.Sleep(6 * time.Second)
-	close(stop)
-	wg.Wait()
+	stop()
 
 	// Three scrapes of 200 ms time out, then a snapshot: within 1.5 s.
 	known := frozen.Add(1500 * time.Millisecond)
@@ -303,33 +275,19 @@ func TestFaultEngineRestarted(t *testing.T) {
 
 	var mu sync.Mutex
 	var results []streamed
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := range 6 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r := streamChat(g.client, g.url, tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 200)
-				mu.Lock()
-				results = append(results, r)
-				mu.Unlock()
-			}
-		}()
-	}
+	stop := clients(t, 6, func(c, i int) {
+		r := streamChat(g.client, g.url, tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 200)
+		mu.Lock()
+		results = append(results, r)
+		mu.Unlock()
+	})
 	time.Sleep(3 * time.Second)
 	restarted := time.Now()
 	if err := target.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Second)
-	close(stop)
-	wg.Wait()
+	stop()
 
 	var cut, otherFailed, after, afterOnTarget int
 	for _, r := range results {

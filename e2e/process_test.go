@@ -101,3 +101,29 @@ func (p *cachesyncProcess) kill() {
 	p.cmd.Wait()
 	p.cmd = nil
 }
+
+// clients runs n clients, client c calling do(c, i) for its i-th request
+// in a loop, until the returned stop is called; stop waits for them and
+// may be called again. It is also called at the end of the test.
+func clients(t *testing.T, n int, do func(c, i int)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				do(c, i)
+			}
+		}()
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}

@@ -49,36 +49,23 @@ func TestCachesyncReplicas(t *testing.T) {
 	var mu sync.Mutex
 	phase := 0
 	var windows [4]window
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				code, d, err := tryPost(g.client, g.url, simChat(tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 2))
-				mu.Lock()
-				w := &windows[phase]
-				w.sent++
-				if err != nil || code != http.StatusOK {
-					w.failed++
-				}
-				switch {
-				case strings.Contains(d, "reason=affinity"):
-					w.affinity++
-				case strings.Contains(d, "reason=rendezvous"):
-					w.rendezvous++
-				}
-				mu.Unlock()
-				time.Sleep(20 * time.Millisecond)
-			}
-		}()
-	}
+	stop := clients(t, 4, func(c, i int) {
+		code, d, err := tryPost(g.client, g.url, simChat(tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 2))
+		mu.Lock()
+		w := &windows[phase]
+		w.sent++
+		if err != nil || code != http.StatusOK {
+			w.failed++
+		}
+		switch {
+		case strings.Contains(d, "reason=affinity"):
+			w.affinity++
+		case strings.Contains(d, "reason=rendezvous"):
+			w.rendezvous++
+		}
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	})
 	setPhase := func(p int) {
 		mu.Lock()
 		phase = p
@@ -109,8 +96,7 @@ func TestCachesyncReplicas(t *testing.T) {
 	setPhase(3)
 	b.kill() // then the standby dies
 	time.Sleep(3 * time.Second)
-	close(stop)
-	wg.Wait()
+	stop()
 	after := stats()
 
 	names := []string{"before", "primary killed", "primary restarted", "standby killed"}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,34 +36,19 @@ func TestSoak(t *testing.T) {
 	// prefixes keep arriving and leaving the engines' caches: the index
 	// and its snapshots change all the time.
 	var sent, failed atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	start := time.Now()
-	for c := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				case <-time.After(200 * time.Millisecond):
-				}
-				epoch := int(time.Since(start) / (30 * time.Second))
-				tenant := strconv.Itoa(epoch) + "-" + strconv.Itoa((c*7+i)%16)
-				system := "Tenant " + tenant + " rules. " + strings.Repeat("Answer from the tenant's documents only. ", 40)
-				code, _, err := tryPost(g.client, g.url, simChat(system, "question "+strconv.Itoa(i), 4))
-				sent.Add(1)
-				if err != nil || code != http.StatusOK {
-					failed.Add(1)
-				}
-			}
-		}()
-	}
-	defer func() {
-		close(stop)
-		wg.Wait()
-	}()
+	stop := clients(t, 4, func(c, i int) {
+		time.Sleep(200 * time.Millisecond)
+		epoch := int(time.Since(start) / (30 * time.Second))
+		tenant := strconv.Itoa(epoch) + "-" + strconv.Itoa((c*7+i)%16)
+		system := "Tenant " + tenant + " rules. " + strings.Repeat("Answer from the tenant's documents only. ", 40)
+		code, _, err := tryPost(g.client, g.url, simChat(system, "question "+strconv.Itoa(i), 4))
+		sent.Add(1)
+		if err != nil || code != http.StatusOK {
+			failed.Add(1)
+		}
+	})
+	defer stop()
 
 	type reading struct{ heap, rss, cacheHeap, generation float64 }
 	read := func() reading {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -196,15 +197,7 @@ func (p *InferencePool) pool(lister cache.GenericLister) (InferencePoolSpec, err
 
 // engines maps the selected pods to engines, in name order.
 func (p *InferencePool) engines(pods []*corev1.Pod, port int) []Engine {
-	slices.SortFunc(pods, func(a, b *corev1.Pod) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 	var es []Engine
 	for _, pod := range pods {
 		ip, err := netip.ParseAddr(pod.Status.PodIP)

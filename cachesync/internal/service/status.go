@@ -2,10 +2,12 @@ package service
 
 import (
 	"bytes"
+	"cmp"
 	"html/template"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -94,15 +96,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if s.engines != nil {
 		engines = s.engines()
 	}
-	slices.SortFunc(engines, func(a, b EngineStatus) int {
-		switch {
-		case a.Addr < b.Addr:
-			return -1
-		case a.Addr > b.Addr:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(engines, func(a, b EngineStatus) int { return strings.Compare(a.Addr, b.Addr) })
 	st := s.ix.Stats()
 	var rows []decisionRow
 	var total uint64
@@ -115,16 +109,9 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 			rows[i].Share = float64(rows[i].Count) / float64(total)
 		}
 	}
+	// Most frequent first; ties by name.
 	slices.SortFunc(rows, func(a, b decisionRow) int {
-		switch {
-		case a.Count != b.Count && a.Count > b.Count:
-			return -1
-		case a.Count != b.Count:
-			return 1
-		case a.Reason < b.Reason:
-			return -1
-		}
-		return 1
+		return cmp.Or(cmp.Compare(b.Count, a.Count), strings.Compare(a.Reason, b.Reason))
 	})
 	now := time.Now()
 	var buf bytes.Buffer
