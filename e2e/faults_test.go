@@ -50,6 +50,40 @@ func streamChat(client *http.Client, url, system, user string, maxTokens int) st
 	return r
 }
 
+// faultTenant is one of six tenants whose long system prompts the fault
+// tests' clients rotate through.
+func faultTenant(i int) string {
+	return "Tenant " + strconv.Itoa(i%6) + " rules. " + strings.Repeat("Quote the policy you apply. ", 40)
+}
+
+// streamUnderFault runs three engines behind cachesync and the gateway,
+// warms each tenant, streams 6 clients' requests through it, applies fault
+// 3 s in, and stops the clients 5 s later. It returns the requests' fates,
+// the engines, cachesync and the time of the fault.
+func streamUnderFault(t *testing.T, maxTokens int, fault func(es []*vllmsim.Engine)) ([]streamed, []*vllmsim.Engine, *runningDaemon, time.Time) {
+	t.Helper()
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+	for i := range 6 {
+		post(t, g.client, g.url, simChat(faultTenant(i), "warm", 1))
+	}
+	var mu sync.Mutex
+	var results []streamed
+	stop := clients(t, 6, func(c, i int) {
+		r := streamChat(g.client, g.url, faultTenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), maxTokens)
+		mu.Lock()
+		results = append(results, r)
+		mu.Unlock()
+	})
+	time.Sleep(3 * time.Second)
+	at := time.Now()
+	fault(es)
+	time.Sleep(5 * time.Second)
+	stop()
+	return results, es, cs, at
+}
+
 // TestFaultEngineKilledMidStream: an engine dies while it streams answers
 // under load. The streams it held fail, as the engine failed them; every
 // other request is answered (one routed to the dead engine before the
@@ -57,30 +91,8 @@ func streamChat(client *http.Client, url, system, user string, maxTokens int) st
 // after the scrapes miss it and a snapshot says so, no request is routed
 // there at all.
 func TestFaultEngineKilledMidStream(t *testing.T) {
-	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
-	cs := startCachesync(t, "127.0.0.1:0", es, true)
-	g := cachesyncGateway(t, es, cs.addr, nil)
+	results, es, _, killed := streamUnderFault(t, 300, func(es []*vllmsim.Engine) { es[1].Close() })
 	victim := es[1].Addr()
-	tenant := func(i int) string {
-		return "Tenant " + strconv.Itoa(i%6) + " rules. " + strings.Repeat("Quote the policy you apply. ", 40)
-	}
-	for i := range 6 {
-		post(t, g.client, g.url, simChat(tenant(i), "warm", 1))
-	}
-
-	var mu sync.Mutex
-	var results []streamed
-	stop := clients(t, 6, func(c, i int) {
-		r := streamChat(g.client, g.url, tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 300)
-		mu.Lock()
-		results = append(results, r)
-		mu.Unlock()
-	})
-	time.Sleep(3 * time.Second)
-	killed := time.Now()
-	es[1].Close()
-	time.Sleep(5 * time.Second)
-	stop()
 
 	// The router knows once three scrapes (200 ms apart) have missed and a
 	// snapshot (100 ms) has been fetched: well within 2 s.
@@ -201,9 +213,7 @@ func TestFaultEngineBlackHole(t *testing.T) {
 	cs := startDaemon(t, "127.0.0.1:0", spec, true)
 	g := cachesyncGatewayFor(t, addrs, cs.addr, nil)
 	client := &http.Client{Timeout: 3 * time.Second}
-	tenant := func(i int) string {
-		return "Tenant " + strconv.Itoa(i%6) + " rules. " + strings.Repeat("Quote the policy you apply. ", 40)
-	}
+	tenant := faultTenant
 	for i := range 6 {
 		post(t, g.client, g.url, simChat(tenant(i), "warm", 1))
 	}
@@ -262,32 +272,12 @@ func TestFaultEngineBlackHole(t *testing.T) {
 // engine's index entries, so prefixes it no longer holds stop drawing
 // requests to it, and it is indexed again from its new events.
 func TestFaultEngineRestarted(t *testing.T) {
-	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
-	cs := startCachesync(t, "127.0.0.1:0", es, true)
-	g := cachesyncGateway(t, es, cs.addr, nil)
-	target := es[0]
-	tenant := func(i int) string {
-		return "Tenant " + strconv.Itoa(i%6) + " rules. " + strings.Repeat("Quote the policy you apply. ", 40)
-	}
-	for i := range 6 {
-		post(t, g.client, g.url, simChat(tenant(i), "warm", 1))
-	}
-
-	var mu sync.Mutex
-	var results []streamed
-	stop := clients(t, 6, func(c, i int) {
-		r := streamChat(g.client, g.url, tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 200)
-		mu.Lock()
-		results = append(results, r)
-		mu.Unlock()
+	results, es, cs, restarted := streamUnderFault(t, 200, func(es []*vllmsim.Engine) {
+		if err := es[0].Restart(); err != nil {
+			t.Error(err)
+		}
 	})
-	time.Sleep(3 * time.Second)
-	restarted := time.Now()
-	if err := target.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(5 * time.Second)
-	stop()
+	target := es[0]
 
 	var cut, otherFailed, after, afterOnTarget int
 	for _, r := range results {
