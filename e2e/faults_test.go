@@ -312,3 +312,61 @@ func TestFaultEngineRestarted(t *testing.T) {
 		t.Error("cachesync did not reset the restarted engine's index entries")
 	}
 }
+
+// TestFaultSlowEngine: an engine slows down eightfold under load (a
+// throttled GPU). Its queue and its measured TTFT grow, the price of
+// staying with the prefixes it holds outgrows going elsewhere, and
+// affinity releases: its share of the requests falls by half or more, and
+// no request fails.
+func TestFaultSlowEngine(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+	for i := range 6 {
+		post(t, g.client, g.url, simChat(faultTenant(i), "warm", 1))
+	}
+	slow := es[0]
+	type window struct{ sent, failed, toSlow, released int }
+	var mu sync.Mutex
+	var windows [2]window
+	phase := 0
+	stop := clients(t, 6, func(c, i int) {
+		code, d, err := tryPost(g.client, g.url, simChat(faultTenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 32))
+		mu.Lock()
+		w := &windows[phase]
+		w.sent++
+		if err != nil || code != http.StatusOK {
+			w.failed++
+		}
+		if field(d, "endpoint") == slow.Addr() {
+			w.toSlow++
+		}
+		if field(d, "reason") == "saturated-release" {
+			w.released++
+		}
+		mu.Unlock()
+	})
+	time.Sleep(4 * time.Second)
+	slow.SetSlowdown(8)
+	time.Sleep(2 * time.Second) // the engine's queue builds, its scrapes say so
+	mu.Lock()
+	phase = 1
+	mu.Unlock()
+	time.Sleep(5 * time.Second)
+	stop()
+
+	share := func(w window) float64 { return float64(w.toSlow) / float64(max(w.sent, 1)) }
+	t.Logf("before: %d requests, %.0f%% to the engine, %d failed; slowed 8x: %d requests, %.0f%% to it, %d released from it, %d failed",
+		windows[0].sent, 100*share(windows[0]), windows[0].failed, windows[1].sent, 100*share(windows[1]), windows[1].released, windows[1].failed)
+	if windows[0].failed+windows[1].failed > 0 {
+		t.Errorf("%d requests failed", windows[0].failed+windows[1].failed)
+	}
+	if share(windows[0]) < 0.15 {
+		t.Fatalf("the engine took %.0f%% of the requests before: the test proves nothing", 100*share(windows[0]))
+	}
+	// (Released requests may show as affinity: a tenant held by two
+	// engines goes to the other holder.)
+	if share(windows[1]) > share(windows[0])/2 {
+		t.Errorf("slowed, the engine still took %.0f%% of the requests (%.0f%% before)", 100*share(windows[1]), 100*share(windows[0]))
+	}
+}

@@ -37,6 +37,10 @@ type Engine struct {
 
 	renders atomic.Uint64 // render requests served, for their ids
 
+	// slowdown multiplies every step's cost (SetSlowdown), as bits of a
+	// float64; 0 means 1.
+	slowdown atomic.Uint64
+
 	responses responseStore // the Responses API's, for previous_response_id
 
 	mu      sync.Mutex // guards sched, and run against Close/Restart
@@ -215,6 +219,20 @@ func (e *Engine) Redeploy(chatTemplate string) error {
 	e.cfg.ChatTemplate = chatTemplate
 	e.tpl.Store(tpl)
 	return e.start()
+}
+
+// SetSlowdown makes every step from the next on take f times its cost
+// model's time (f >= 1: a throttled GPU, a noisy neighbour, a degraded
+// link between tensor-parallel ranks); 1 restores the model.
+func (e *Engine) SetSlowdown(f float64) {
+	e.slowdown.Store(math.Float64bits(max(f, 1)))
+}
+
+func (e *Engine) slowFactor() float64 {
+	if b := e.slowdown.Load(); b != 0 {
+		return math.Float64frombits(b)
+	}
+	return 1
 }
 
 // Addr returns the HTTP address as host:port.
@@ -477,7 +495,7 @@ func (e *Engine) run(quit, done chan struct{}) {
 		e.metrics.step(s)
 		end := v
 		if len(plan) > 0 {
-			end += s.cost(plan)
+			end += s.cost(plan) * e.slowFactor()
 		}
 		e.stepFrom, e.stepTo = v, end
 		e.mu.Unlock()

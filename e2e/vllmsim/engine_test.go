@@ -685,3 +685,24 @@ func TestVLLM033TierEvents(t *testing.T) {
 		t.Errorf("an unknown kv_cache_report_mode: %d", code)
 	}
 }
+
+// TestSlowdown: a slowed engine takes that many times as long per step.
+func TestSlowdown(t *testing.T) {
+	cfg := testConfig()
+	cfg.TimeScale = 0 // unpaced: simulated time is the sum of step costs
+	e := startEngine(t, cfg)
+	run := func(word string) time.Duration {
+		before := e.SimTime()
+		// A prompt of its own each time: nothing of it is cached.
+		if code, body := post(t, e.URL()+"/v1/completions", `{"prompt":"`+strings.Repeat(word+" to prefill ", 50)+`","max_tokens":8}`); code != 200 {
+			t.Fatalf("%d %s", code, body)
+		}
+		return e.SimTime() - before
+	}
+	normal := run("tokens")
+	e.SetSlowdown(4)
+	slow := run("words")
+	if ratio := float64(slow) / float64(normal); ratio < 3.5 || ratio > 4.5 {
+		t.Errorf("slowed 4x: %v against %v (%.2fx)", slow, normal, ratio)
+	}
+}
