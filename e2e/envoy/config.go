@@ -77,6 +77,21 @@ func (c *Config) UseFreePorts() error {
 	return nil
 }
 
+// SetListenerPort binds the named listener to port, for runs that must
+// know it in advance (a hot restart hands the socket to the next process).
+func (c *Config) SetListenerPort(name string, port int) error {
+	l, err := c.named("listeners", name)
+	if err != nil {
+		return err
+	}
+	sa, err := object(l, "address", "socket_address")
+	if err != nil {
+		return err
+	}
+	sa["port_value"] = port
+	return nil
+}
+
 func setPort(holder map[string]any) error {
 	sa, err := object(holder, "address", "socket_address")
 	if err != nil {

@@ -85,6 +85,19 @@ type Options struct {
 	// Concurrency is the number of worker threads (and so of Wasm VMs per
 	// plugin); 2 if zero.
 	Concurrency int
+	// HotRestart, when set, runs Envoy as one generation of a hot restart;
+	// otherwise hot restart is disabled.
+	HotRestart *HotRestart
+}
+
+// HotRestart names a generation of Envoy's hot restart: the processes of
+// one base id hand their listen sockets from one epoch to the next, and
+// the parent drains for DrainSeconds and exits after ParentShutdownSeconds.
+type HotRestart struct {
+	BaseID                uint32
+	Epoch                 int
+	DrainSeconds          int
+	ParentShutdownSeconds int
 }
 
 // startTimeout bounds the wait for readiness: V8 compiles the module at
@@ -96,17 +109,21 @@ func (o *Options) args(configPath string) []string {
 	if concurrency == 0 {
 		concurrency = 2
 	}
-	return []string{
+	args := []string{
 		"-c", configPath,
 		"--concurrency", strconv.Itoa(concurrency),
 		// The filter's own log lines and the VM failures WasmFailures
 		// looks for are at info and above.
 		"--component-log-level", "wasm:info",
-		// No hot restart: no shared-memory segment or base id to collide
-		// with other Envoys on the machine, and nothing left in /dev/shm if
-		// a run is killed.
-		"--disable-hot-restart",
 	}
+	if h := o.HotRestart; h != nil {
+		return append(args, "--base-id", strconv.FormatUint(uint64(h.BaseID), 10), "--restart-epoch", strconv.Itoa(h.Epoch),
+			"--drain-time-s", strconv.Itoa(h.DrainSeconds), "--parent-shutdown-time-s", strconv.Itoa(h.ParentShutdownSeconds))
+	}
+	// No hot restart: no shared-memory segment or base id to collide with
+	// other Envoys on the machine, and nothing left in /dev/shm if a run
+	// is killed.
+	return append(args, "--disable-hot-restart")
 }
 
 // Process is a running Envoy.
@@ -213,6 +230,9 @@ func (p *Process) Stats(ctx context.Context) (map[string]int64, error) {
 func (p *Process) PrometheusStats(ctx context.Context) ([]byte, error) {
 	return p.admin.Get(ctx, "/stats/prometheus")
 }
+
+// Exited returns a channel closed once the Envoy process has exited.
+func (p *Process) Exited() <-chan struct{} { return p.done }
 
 // Log returns everything Envoy and func-e have written so far.
 func (p *Process) Log() string { return p.log.String() }

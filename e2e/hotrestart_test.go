@@ -1,0 +1,100 @@
+package e2e
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/e2e/envoy"
+	"github.com/kvroute/kvroute/e2e/vllmsim"
+)
+
+// TestEnvoyHotRestart: Envoy hot-restarts under load (a new process, new
+// Wasm VMs, an empty shared data; the old one drains its connections and
+// exits). No request fails, and the new process's filter, with no
+// snapshot at first, routes by rendezvous until its first fetch and by
+// the snapshot after it.
+func TestEnvoyHotRestart(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	cfg := cachesyncConfig(t, engineAddrs(es), cs.addr, nil)
+	port := freeAddr(t)
+	_, p, _ := net.SplitHostPort(port)
+	n, _ := strconv.Atoi(p)
+	must(t, cfg.SetListenerPort(llmListener, n))
+	b, err := cfg.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := rand.Uint32N(1 << 20)
+	start := func(epoch int) *envoy.Process {
+		p, err := envoy.Start(context.Background(), envoy.Options{Config: b, Dir: t.TempDir(), Concurrency: 2,
+			HotRestart: &envoy.HotRestart{BaseID: base, Epoch: epoch, DrainSeconds: 2, ParentShutdownSeconds: 4}})
+		if err != nil {
+			t.Fatalf("start Envoy epoch %d: %v", epoch, err)
+		}
+		t.Cleanup(func() { p.Stop() })
+		return p
+	}
+	old := start(0)
+	url := "http://" + port
+	client := &http.Client{Timeout: time.Minute}
+	for i := range 6 {
+		post(t, client, url, simChat(faultTenant(i), "warm", 1))
+	}
+
+	type window struct{ sent, failed, affinity, rendezvous int }
+	var mu sync.Mutex
+	var windows [3]window
+	phase := 0
+	stop := clients(t, 4, func(c, i int) {
+		code, d, err := tryPost(client, url, simChat(faultTenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 2))
+		mu.Lock()
+		w := &windows[phase]
+		w.sent++
+		if err != nil || code != http.StatusOK {
+			w.failed++
+			t.Logf("phase %d: %d %v", phase, code, err)
+		}
+		switch field(d, "reason") {
+		case "affinity":
+			w.affinity++
+		case "rendezvous":
+			w.rendezvous++
+		}
+		mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+	})
+	setPhase := func(p int) {
+		mu.Lock()
+		phase = p
+		mu.Unlock()
+	}
+	time.Sleep(3 * time.Second)
+	setPhase(1)
+	start(1) // takes the listener over; the old process drains
+	select {
+	case <-old.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the old Envoy did not exit after its drain")
+	}
+	setPhase(2)
+	time.Sleep(3 * time.Second)
+	stop()
+
+	names := []string{"before", "during the restart", "after the old process exited"}
+	for i, w := range windows {
+		t.Logf("%s: %d requests, %d failed, affinity %d, rendezvous %d", names[i], w.sent, w.failed, w.affinity, w.rendezvous)
+		if w.failed > 0 {
+			t.Errorf("%s: %d of %d requests failed", names[i], w.failed, w.sent)
+		}
+	}
+	if w := windows[2]; w.sent < 20 || w.affinity < w.sent*9/10 {
+		t.Errorf("after the restart: affinity for %d of %d requests", w.affinity, w.sent)
+	}
+}
