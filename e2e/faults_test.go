@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -60,7 +61,7 @@ func faultTenant(i int) string {
 // warms each tenant, streams 6 clients' requests through it, applies fault
 // 3 s in, and stops the clients 5 s later. It returns the requests' fates,
 // the engines, cachesync and the time of the fault.
-func streamUnderFault(t *testing.T, maxTokens int, fault func(es []*vllmsim.Engine)) ([]streamed, []*vllmsim.Engine, *runningDaemon, time.Time) {
+func streamUnderFault(t *testing.T, maxTokens int, fault func(es []*vllmsim.Engine)) ([]streamed, []*vllmsim.Engine, *runningDaemon, *gateway, time.Time) {
 	t.Helper()
 	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
 	cs := startCachesync(t, "127.0.0.1:0", es, true)
@@ -81,18 +82,35 @@ func streamUnderFault(t *testing.T, maxTokens int, fault func(es []*vllmsim.Engi
 	fault(es)
 	time.Sleep(5 * time.Second)
 	stop()
-	return results, es, cs, at
+	return results, es, cs, g, at
+}
+
+// inflightReleased waits for the gateway's count of requests in flight to
+// come back to 0 once the clients have stopped: every stream, the failed
+// ones included, gave back what the policy counts against its endpoint.
+func inflightReleased(t *testing.T, g *gateway) {
+	t.Helper()
+	var n int64
+	waitFor(t, 5*time.Second, "no request in flight", func() bool {
+		s, err := g.envoy.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = s["wasmcustom.kvroute.inflight.requests"]
+		return n == 0
+	})
 }
 
 // TestFaultEngineKilledMidStream: an engine dies while it streams answers
 // under load. The streams it held fail, as the engine failed them; every
 // other request is answered (one routed to the dead engine before the
-// router knew is retried on the next endpoint of the filter's list); and
-// after the scrapes miss it and a snapshot says so, no request is routed
-// there at all.
+// router knew is retried on the next endpoint of the filter's list); after
+// the scrapes miss it and a snapshot says so, no request is routed there
+// at all; and nothing stays counted in flight.
 func TestFaultEngineKilledMidStream(t *testing.T) {
-	results, es, _, killed := streamUnderFault(t, 300, func(es []*vllmsim.Engine) { es[1].Close() })
+	results, es, _, g, killed := streamUnderFault(t, 300, func(es []*vllmsim.Engine) { es[1].Close() })
 	victim := es[1].Addr()
+	inflightReleased(t, g)
 
 	// The router knows once three scrapes (200 ms apart) have missed and a
 	// snapshot (100 ms) has been fetched: well within 2 s.
@@ -240,6 +258,7 @@ func TestFaultEngineBlackHole(t *testing.T) {
 	fz.frozen.Store(true)
 	time.Sleep(6 * time.Second)
 	stop()
+	inflightReleased(t, g)
 
 	// Three scrapes of 200 ms time out, then a snapshot: within 1.5 s.
 	known := frozen.Add(1500 * time.Millisecond)
@@ -272,7 +291,7 @@ func TestFaultEngineBlackHole(t *testing.T) {
 // engine's index entries, so prefixes it no longer holds stop drawing
 // requests to it, and it is indexed again from its new events.
 func TestFaultEngineRestarted(t *testing.T) {
-	results, es, cs, restarted := streamUnderFault(t, 200, func(es []*vllmsim.Engine) {
+	results, es, cs, _, restarted := streamUnderFault(t, 200, func(es []*vllmsim.Engine) {
 		if err := es[0].Restart(); err != nil {
 			t.Error(err)
 		}

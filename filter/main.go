@@ -298,6 +298,7 @@ func (h *httpContext) account(d *decision) {
 	h.endpoint = endpointHash(d.endpoint)
 	h.prefillPending = int64(d.policy.UncachedTokens)
 	h.requestPending = true
+	h.plugin.m.inflight.Add(1)
 	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: h.prefillPending, Requests: 1})
 	// A prompt mostly new to its endpoint (a new prefix, or a copy) is
 	// remembered for the requests sharing it that come before the snapshot
@@ -418,6 +419,7 @@ func (h *httpContext) OnHttpStreamDone() {
 		return
 	}
 	h.requestPending = false
+	h.plugin.m.inflight.Add(-1)
 	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: -h.prefillPending, Requests: -1})
 	h.prefillPending = 0
 }

@@ -12,6 +12,10 @@ type stats struct {
 	outcomes     [numOutcomes]proxywasm.MetricCounter
 	reasons      [numReasons]proxywasm.MetricCounter
 	prefixBlocks proxywasm.MetricHistogram
+	// inflight counts the routed requests whose streams have not ended,
+	// summed over the VMs: back at 0 when nothing is in flight, or the
+	// in-flight load the policy counts has leaked.
+	inflight     proxywasm.MetricGauge
 	generation   proxywasm.MetricGauge
 	ageMillis    proxywasm.MetricGauge
 	syncErrors   proxywasm.MetricCounter
@@ -37,6 +41,7 @@ var reasonNames = [numReasons]string{
 func newStats() *stats {
 	m := &stats{
 		prefixBlocks: proxywasm.DefineHistogramMetric("kvroute.prefix_blocks"),
+		inflight:     proxywasm.DefineGaugeMetric("kvroute.inflight.requests"),
 		generation:   proxywasm.DefineGaugeMetric("kvroute.snapshot.generation"),
 		ageMillis:    proxywasm.DefineGaugeMetric("kvroute.snapshot.age_ms"),
 		syncErrors:   proxywasm.DefineCounterMetric("kvroute.sync.errors"),
