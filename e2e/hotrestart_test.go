@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -32,6 +33,9 @@ func TestEnvoyHotRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := rand.Uint32N(1 << 20)
+	// Envoy names its hot-restart shared memory after the base id and
+	// leaves it behind when stopped.
+	t.Cleanup(func() { os.Remove("/dev/shm/envoy_shared_memory_" + strconv.FormatUint(uint64(base)*10, 10)) })
 	start := func(epoch int) *envoy.Process {
 		p, err := envoy.Start(context.Background(), envoy.Options{Config: b, Dir: t.TempDir(), Concurrency: 2,
 			HotRestart: &envoy.HotRestart{BaseID: base, Epoch: epoch, DrainSeconds: 2, ParentShutdownSeconds: 4}})
