@@ -68,7 +68,12 @@ func TestSoak(t *testing.T) {
 	// or a third of a shorter soak. Every minute is logged, the first
 	// ones too.
 	warm := min(5*time.Minute, duration/3)
-	builds := func(a, b reading) float64 { return b.generation - a.generation }
+	builds := func(a, b reading) float64 {
+		if a.generation == 0 {
+			return 0 // the first minute: no reading before it
+		}
+		return b.generation - a.generation
+	}
 	var first, last reading
 	for elapsed := time.Duration(0); elapsed < duration; elapsed += time.Minute {
 		time.Sleep(time.Minute)
