@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,52 +51,21 @@ func TestEnvoyHotRestart(t *testing.T) {
 		post(t, client, url, simChat(faultTenant(i), "warm", 1))
 	}
 
-	type window struct{ sent, failed, affinity, rendezvous int }
-	var mu sync.Mutex
-	var windows [3]window
-	phase := 0
-	stop := clients(t, 4, func(c, i int) {
-		code, d, err := tryPost(client, url, simChat(faultTenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 2))
-		mu.Lock()
-		w := &windows[phase]
-		w.sent++
-		if err != nil || code != http.StatusOK {
-			w.failed++
-			t.Logf("phase %d: %d %v", phase, code, err)
-		}
-		switch field(d, "reason") {
-		case "affinity":
-			w.affinity++
-		case "rendezvous":
-			w.rendezvous++
-		}
-		mu.Unlock()
-		time.Sleep(10 * time.Millisecond)
-	})
-	setPhase := func(p int) {
-		mu.Lock()
-		phase = p
-		mu.Unlock()
-	}
+	load := newPhasedLoad(t, client, url, 3, faultTenant, 10*time.Millisecond)
 	time.Sleep(3 * time.Second)
-	setPhase(1)
+	load.set(1)
 	start(1) // takes the listener over; the old process drains
 	select {
 	case <-old.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the old Envoy did not exit after its drain")
 	}
-	setPhase(2)
+	load.set(2)
 	time.Sleep(3 * time.Second)
-	stop()
+	load.stop()
 
-	names := []string{"before", "during the restart", "after the old process exited"}
-	for i, w := range windows {
-		t.Logf("%s: %d requests, %d failed, affinity %d, rendezvous %d", names[i], w.sent, w.failed, w.affinity, w.rendezvous)
-		if w.failed > 0 {
-			t.Errorf("%s: %d of %d requests failed", names[i], w.failed, w.sent)
-		}
-	}
+	load.failures(t, "before", "during the restart", "after the old process exited")
+	windows := load.windows
 	if w := windows[2]; w.sent < 20 || w.affinity < w.sent*9/10 {
 		t.Errorf("after the restart: affinity for %d of %d requests", w.affinity, w.sent)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -126,4 +127,60 @@ func clients(t *testing.T, n int, do func(c, i int)) (stop func()) {
 	stop = func() { once.Do(func() { close(done); wg.Wait() }) }
 	t.Cleanup(stop)
 	return stop
+}
+
+// window counts one phase of a phased load: requests sent and failed, and
+// decisions by affinity and by rendezvous (no snapshot).
+type window struct{ sent, failed, affinity, rendezvous int }
+
+// phasedLoad runs 4 clients posting tenant(c+i)'s chat requests to url,
+// counting them in the window of the current phase (0 at first, then
+// whatever set says) until stop.
+type phasedLoad struct {
+	mu      sync.Mutex
+	phase   int
+	windows []window
+	stop    func()
+}
+
+func newPhasedLoad(t *testing.T, client *http.Client, url string, phases int, tenant func(int) string, pause time.Duration) *phasedLoad {
+	l := &phasedLoad{windows: make([]window, phases)}
+	l.stop = clients(t, 4, func(c, i int) {
+		code, d, err := tryPost(client, url, simChat(tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 2))
+		l.mu.Lock()
+		w := &l.windows[l.phase]
+		w.sent++
+		if err != nil || code != http.StatusOK {
+			w.failed++
+		}
+		switch field(d, "reason") {
+		case "affinity":
+			w.affinity++
+		case "rendezvous":
+			w.rendezvous++
+		}
+		l.mu.Unlock()
+		time.Sleep(pause)
+	})
+	return l
+}
+
+// set moves the clients' counting to phase p.
+func (l *phasedLoad) set(p int) {
+	l.mu.Lock()
+	l.phase = p
+	l.mu.Unlock()
+}
+
+// failures logs each phase, named, and fails the test for a failed
+// request in any.
+func (l *phasedLoad) failures(t *testing.T, names ...string) {
+	t.Helper()
+	for i, w := range l.windows {
+		t.Logf("%s: %d requests, %d failed, affinity %.0f%%, rendezvous %d", names[i], w.sent, w.failed,
+			100*float64(w.affinity)/float64(max(w.sent, 1)), w.rendezvous)
+		if w.failed > 0 || w.sent < 20 {
+			t.Errorf("%s: %d of %d requests failed", names[i], w.failed, w.sent)
+		}
+	}
 }

@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"context"
-	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,32 +43,7 @@ func TestCachesyncReplicas(t *testing.T) {
 		return strings.Contains(probe(t, g, tenant(0), "q"), "reason=affinity")
 	})
 
-	type window struct{ sent, failed, affinity, rendezvous int }
-	var mu sync.Mutex
-	phase := 0
-	var windows [4]window
-	stop := clients(t, 4, func(c, i int) {
-		code, d, err := tryPost(g.client, g.url, simChat(tenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 2))
-		mu.Lock()
-		w := &windows[phase]
-		w.sent++
-		if err != nil || code != http.StatusOK {
-			w.failed++
-		}
-		switch {
-		case strings.Contains(d, "reason=affinity"):
-			w.affinity++
-		case strings.Contains(d, "reason=rendezvous"):
-			w.rendezvous++
-		}
-		mu.Unlock()
-		time.Sleep(20 * time.Millisecond)
-	})
-	setPhase := func(p int) {
-		mu.Lock()
-		phase = p
-		mu.Unlock()
-	}
+	load := newPhasedLoad(t, g.client, g.url, 4, tenant, 20*time.Millisecond)
 	stats := func() map[string]int64 {
 		s, err := g.envoy.Stats(context.Background())
 		if err != nil {
@@ -80,11 +53,11 @@ func TestCachesyncReplicas(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second)
 	before := stats()
-	setPhase(1)
+	load.set(1)
 	a.kill() // the primary dies mid-load
 	time.Sleep(4 * time.Second)
 	during := stats()
-	setPhase(2)
+	load.set(2)
 	a.start(t) // and comes back, empty, on its address
 	time.Sleep(8 * time.Second)
 	// The standby learned the gateway's reports: through the primary's
@@ -93,19 +66,16 @@ func TestCachesyncReplicas(t *testing.T) {
 	if f := metrics(t, "http://"+addrB+"/metrics")["kvroute_cachesync_report_batches_total"]; f != nil {
 		standbyBatches = f.Metric[0].Counter.GetValue()
 	}
-	setPhase(3)
+	load.set(3)
 	b.kill() // then the standby dies
 	time.Sleep(3 * time.Second)
-	stop()
+	load.stop()
 	after := stats()
 
 	names := []string{"before", "primary killed", "primary restarted", "standby killed"}
+	load.failures(t, names...)
+	windows := load.windows
 	for i, w := range windows {
-		t.Logf("%s: %d requests, %d failed, affinity %.0f%%, rendezvous %d", names[i], w.sent, w.failed,
-			100*float64(w.affinity)/float64(max(w.sent, 1)), w.rendezvous)
-		if w.failed > 0 || w.sent < 20 {
-			t.Errorf("%s: %d of %d requests failed", names[i], w.failed, w.sent)
-		}
 		if w.rendezvous > 0 {
 			t.Errorf("%s: %d decisions without a snapshot", names[i], w.rendezvous)
 		}
