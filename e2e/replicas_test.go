@@ -75,9 +75,11 @@ func TestCachesyncReplicas(t *testing.T) {
 	names := []string{"before", "primary killed", "primary restarted", "standby killed"}
 	load.failures(t, names...)
 	windows := load.windows
-	for i, w := range windows {
+	// After the kill no decision may lack a snapshot (before it, a worker
+	// VM may still be loading its first).
+	for i, w := range windows[1:] {
 		if w.rendezvous > 0 {
-			t.Errorf("%s: %d decisions without a snapshot", names[i], w.rendezvous)
+			t.Errorf("%s: %d decisions without a snapshot", names[i+1], w.rendezvous)
 		}
 	}
 	share := func(w window) float64 { return float64(w.affinity) / float64(w.sent) }
