@@ -22,6 +22,7 @@ import sys
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 import xxhash
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -49,6 +50,20 @@ MEDIA = ["image_url", "input_audio", "audio_url", "video_url", "image", "audio",
          "input_image", "image_embeds", "audio_embeds", "image_pil", "file"]
 
 
+class AssistantTracker(jinja2.ext.Extension):
+    """transformers' {% generation %} tag: it marks assistant text for
+    training masks and renders its body unchanged."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
 def environment():
     # As transformers' _compile_jinja_template sets it up.
     def raise_exception(message):
@@ -57,7 +72,7 @@ def environment():
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[AssistantTracker, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = REFERENCE_TIME.strftime
