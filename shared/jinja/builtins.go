@@ -31,11 +31,11 @@ func init() {
 		"list":   listFilter,
 		"first":  firstFilter, "last": lastFilter,
 		"default": defaultFilter, "d": defaultFilter,
-		"items":  itemsFilter,
-		"string": func(c *call) (Value, error) { return str(c.args[0]), nil },
-		"safe":   func(c *call) (Value, error) { return markup(str(c.args[0])), nil },
-		"upper":  strFilter(strings.ToUpper),
-		"lower":  strFilter(strings.ToLower),
+		"items":      itemsFilter,
+		"string":     func(c *call) (Value, error) { return str(c.args[0]), nil },
+		"safe":       func(c *call) (Value, error) { return markup(str(c.args[0])), nil },
+		"upper":      strFilter(strings.ToUpper),
+		"lower":      strFilter(strings.ToLower),
 		"capitalize": strFilter(capitalize),
 		"title":      strFilter(title),
 		"replace":    replaceFilter,
@@ -74,14 +74,14 @@ func init() {
 			}
 			return false, nil
 		},
-		"float":     func(v Value, _ []Value) (bool, error) { _, ok := v.(float64); return ok, nil },
+		"float": func(v Value, _ []Value) (bool, error) { _, ok := v.(float64); return ok, nil },
 		"number": func(v Value, _ []Value) (bool, error) {
 			_, ok := number(v)
 			_, big := v.(bigInt)
 			return ok || big, nil
 		},
-		"string":    func(v Value, _ []Value) (bool, error) { _, ok := plain(v).(string); return ok, nil },
-		"mapping":   func(v Value, _ []Value) (bool, error) { _, ok := v.(*Dict); return ok, nil },
+		"string":  func(v Value, _ []Value) (bool, error) { _, ok := plain(v).(string); return ok, nil },
+		"mapping": func(v Value, _ []Value) (bool, error) { _, ok := v.(*Dict); return ok, nil },
 		"iterable": func(v Value, _ []Value) (bool, error) {
 			switch v.(type) {
 			case string, *List, *Dict, Undefined:
@@ -742,7 +742,9 @@ func stringMethod(s string, name string) Value {
 			return pyStrip(s, c.arg(0, "chars", nil), name != "rstrip", name != "lstrip"), nil
 		})
 	case "split", "rsplit":
-		return callable(func(c *call) (Value, error) { return pySplit(s, c.arg(0, "sep", nil), c.arg(1, "maxsplit", int64(-1)), name == "rsplit") })
+		return callable(func(c *call) (Value, error) {
+			return pySplit(s, c.arg(0, "sep", nil), c.arg(1, "maxsplit", int64(-1)), name == "rsplit")
+		})
 	case "startswith", "endswith":
 		return callable(func(c *call) (Value, error) {
 			if err := c.want(1); err != nil {

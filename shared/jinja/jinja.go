@@ -36,7 +36,7 @@ func (e *Error) Error() string {
 	return "jinja: " + e.Msg
 }
 
-func errors(msg string) error         { return &Error{Msg: msg} }
+func errors(msg string) error          { return &Error{Msg: msg} }
 func errAt(line int, msg string) error { return &Error{Line: line, Msg: msg} }
 
 // Parse parses a template's source.

@@ -8,15 +8,15 @@ import (
 type tokKind uint8
 
 const (
-	tData     tokKind = iota // template text, already whitespace-controlled
-	tBlock                   // {% ... %}: the tokens up to tEnd
-	tVar                     // {{ ... }}: the tokens up to tEnd
-	tEnd                     // closes a tag
-	tName                    // identifier or keyword
-	tString                  // string literal, unescaped
-	tInt                     // integer literal
-	tFloat                   // float literal
-	tOp                      // operator or punctuation
+	tData   tokKind = iota // template text, already whitespace-controlled
+	tBlock                 // {% ... %}: the tokens up to tEnd
+	tVar                   // {{ ... }}: the tokens up to tEnd
+	tEnd                   // closes a tag
+	tName                  // identifier or keyword
+	tString                // string literal, unescaped
+	tInt                   // integer literal
+	tFloat                 // float literal
+	tOp                    // operator or punctuation
 	tEOF
 )
 

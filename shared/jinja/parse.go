@@ -81,11 +81,11 @@ type (
 		op   string
 		l, r expr
 	}
-	notExpr  struct{ x expr }
-	negExpr  struct{ x expr }
-	andExpr  struct{ l, r expr }
-	orExpr   struct{ l, r expr }
-	cmpExpr  struct {
+	notExpr struct{ x expr }
+	negExpr struct{ x expr }
+	andExpr struct{ l, r expr }
+	orExpr  struct{ l, r expr }
+	cmpExpr struct {
 		first expr
 		ops   []string
 		rest  []expr
