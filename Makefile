@@ -105,7 +105,7 @@ soak: $(SETUP_STAMP) wasm
 # same benchmarks compiled to wasip1 inside wazero.
 BENCH_PKGS := ./shared/blockhash ./shared/prompt ./shared/snapshot ./shared/policy ./shared/report ./shared/approx ./cachesync/internal/index
 # The shared packages the filter links, tested again compiled to Wasm.
-WASM_TEST_PKGS := ./shared/blockhash ./shared/prompt ./shared/report ./shared/approx
+WASM_TEST_PKGS := ./shared/blockhash ./shared/prompt ./shared/jinja ./shared/report ./shared/approx
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem $(BENCH_PKGS)
 

@@ -28,6 +28,11 @@ type config struct {
 	// model the snapshot names no template for.
 	template     prompt.Template
 	autoTemplate bool
+	// custom is the template chat_template "custom" renders with, parsed
+	// from customSource and customTokens.
+	custom       *prompt.Jinja
+	customSource string
+	customTokens map[string]string
 	hashing      blockhash.Config
 	// affinityBlocks is how many leading blocks name a prompt for the
 	// rendezvous fallback.
@@ -160,6 +165,17 @@ func (c *config) finish() error {
 	if _, err := policy.New(c.policy); err != nil {
 		return fieldErr("policy", err.Error())
 	}
+	switch {
+	case c.template == prompt.Custom && c.customSource == "":
+		return fieldErr("chat_template_source", "required by chat_template custom")
+	case c.template != prompt.Custom && (c.customSource != "" || c.customTokens != nil):
+		return fieldErr("chat_template_source", "only with chat_template custom")
+	case c.template == prompt.Custom:
+		var err error
+		if c.custom, err = prompt.ParseJinja(c.customSource, c.customTokens); err != nil {
+			return fieldErr("chat_template_source", err.Error())
+		}
+	}
 	if c.cachesync == nil {
 		return nil
 	}
@@ -204,6 +220,28 @@ var configFields = []struct {
 		}
 		c.template, err = prompt.ParseTemplate(v.Str)
 		return
+	}},
+	{"chat_template_source", func(c *config, v gjson.Result) error {
+		if v.Type != gjson.String || v.Str == "" {
+			return errors.New("want the template's Jinja source")
+		}
+		c.customSource = v.Str
+		return nil
+	}},
+	{"chat_template_tokens", func(c *config, v gjson.Result) (err error) {
+		if !v.IsObject() {
+			return errors.New("want an object of special token strings")
+		}
+		c.customTokens = map[string]string{}
+		v.ForEach(func(k, t gjson.Result) bool {
+			if t.Type != gjson.String {
+				err = errors.New(k.Str + ": want a string")
+				return false
+			}
+			c.customTokens[k.Str] = t.Str
+			return true
+		})
+		return err
 	}},
 	{"block_size", func(c *config, v gjson.Result) (err error) { c.hashing.BlockSize, err = positiveInt(v, 1<<20); return }},
 	{"max_blocks", func(c *config, v gjson.Result) (err error) { c.hashing.MaxBlocks, err = positiveInt(v, 1<<20); return }},
@@ -424,8 +462,11 @@ func (c *config) routes(method, path string) bool {
 
 // templateName is what the filter tells cachesync it renders with.
 func (c *config) templateName() string {
-	if c.autoTemplate {
+	switch {
+	case c.autoTemplate:
 		return syncapi.AutoTemplate
+	case c.custom != nil:
+		return c.custom.Name()
 	}
 	return c.template.String()
 }

@@ -25,6 +25,10 @@ var configKeys = []struct {
 		return strings.Join(c.endpoints, ",") == "10.0.0.1:8000,[fd00::1]:8000"
 	}, `["host:80"]`},
 	{"chat_template", `"llama3"`, func(c *config) bool { return c.template == prompt.Llama3 && !c.autoTemplate }, `3`},
+	{"chat_template_source", `"{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"`, func(c *config) bool {
+		return c.template == prompt.Custom && c.custom != nil && strings.HasPrefix(c.templateName(), prompt.CustomPrefix)
+	}, `"{% for m in %}"`},
+	{"chat_template_tokens", `{"bos_token":"<s>"}`, func(c *config) bool { return c.customTokens["bos_token"] == "<s>" }, `{"bos_token":1}`},
 	{"block_size", `32`, func(c *config) bool { return c.hashing.BlockSize == 32 && c.policy.BlockBytes == 32 }, `-64`},
 	{"max_blocks", `100`, func(c *config) bool { return c.hashing.MaxBlocks == 100 }, `0`},
 	{"affinity_blocks", `4`, func(c *config) bool { return c.affinityBlocks == 4 }, `"8"`},
@@ -62,7 +66,12 @@ var configKeys = []struct {
 // cachesync's required cluster when the key is in that section.
 func withKey(key, value string) string {
 	sec, name, nested := strings.Cut(key, ".")
-	if !nested {
+	switch {
+	case key == "chat_template_tokens":
+		return `{"chat_template":"custom","chat_template_source":"{{ bos_token }}","` + key + `":` + value + `}`
+	case strings.HasPrefix(key, "chat_template_"):
+		return `{"chat_template":"custom","` + key + `":` + value + `}`
+	case !nested:
 		return `{"` + key + `":` + value + `}`
 	}
 	extra := ""

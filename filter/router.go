@@ -144,7 +144,9 @@ func newRouter(cfg config, seed uint64) (*router, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &router{cfg: cfg, picker: p, rng: seed | 1}, nil
+	rt := &router{cfg: cfg, picker: p, rng: seed | 1}
+	rt.renderer.Custom = cfg.custom
+	return rt, nil
 }
 
 // loads fills the gateway's own in-flight load per slot of the view's

@@ -53,6 +53,64 @@ func Parse(src string) (*Template, error) {
 	return &Template{body: body}, nil
 }
 
+// LoopsOver reports whether some for loop of the template iterates over a
+// value's field (x.field or x['field']), filters aside: vLLM passes a
+// message's content as parts to templates that loop over "content".
+func (t *Template) LoopsOver(field string) bool {
+	var walk func([]node) bool
+	walk = func(nodes []node) bool {
+		for _, n := range nodes {
+			switch n := n.(type) {
+			case *forNode:
+				it := n.iter
+				for {
+					f, ok := it.(*filterExpr)
+					if !ok {
+						break
+					}
+					it = f.x
+				}
+				switch x := it.(type) {
+				case *attrExpr:
+					if x.name == field {
+						return true
+					}
+				case *itemExpr:
+					if l, ok := x.key.(*literal); ok && l.v == Value(field) {
+						return true
+					}
+				}
+				if walk(n.body) || walk(n.els) {
+					return true
+				}
+			case *ifNode:
+				for _, b := range n.bodies {
+					if walk(b) {
+						return true
+					}
+				}
+				if walk(n.els) {
+					return true
+				}
+			case *macroNode:
+				if walk(n.body) {
+					return true
+				}
+			case *setNode:
+				if walk(n.body) {
+					return true
+				}
+			case *filterNode:
+				if walk(n.body) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return walk(t.body)
+}
+
 // Options bound and feed a render.
 type Options struct {
 	// Now is the clock strftime_now reads (transformers: the engine

@@ -62,6 +62,18 @@ func (d *Dict) get(key Value) (Value, bool) {
 	return nil, false
 }
 
+// Each calls f with each string key and its value, in order.
+func (d *Dict) Each(f func(key string, v Value)) {
+	for i, k := range d.keys {
+		if s, ok := k.(string); ok {
+			f(s, d.vals[i])
+		}
+	}
+}
+
+// Truthy reports whether v is true in a condition, as Python's bool(v).
+func Truthy(v Value) bool { return truthy(v) }
+
 // Len returns the number of keys.
 func (d *Dict) Len() int { return len(d.keys) }
 

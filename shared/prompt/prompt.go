@@ -79,11 +79,35 @@ const (
 	// Llama32 is the Llama 3.2 Instruct template: Llama3's, with today's
 	// date (Renderer.Now, in UTC) where Llama3 prints 26 Jul 2024.
 	Llama32
+
+	// The families below are rendered by the general path (general.go)
+	// from their real templates (templates/SOURCES.md).
+
+	// DeepSeekV31 is DeepSeek-V3.1's template.
+	DeepSeekV31
+	// DeepSeekR1 is DeepSeek-R1's (as its Qwen and Llama distillations
+	// ship it).
+	DeepSeekR1
+	// GptOss is gpt-oss's Jinja template (the harmony format).
+	GptOss
+	// MistralSmall32 is Mistral-Small-3.2-24B-Instruct-2506's template.
+	MistralSmall32
+	// Phi35 is Phi-3.5-mini-instruct's template.
+	Phi35
+	// Granite33 is IBM Granite 3.3 Instruct's template.
+	Granite33
+	// Hermes is Hermes 3 (Llama 3.1)'s tool-use template, the one vLLM's
+	// tool_chat_template_hermes.jinja example is modelled on.
+	Hermes
+	// Custom is a template given as Jinja source (Renderer.Custom),
+	// rendered by the general path.
+	Custom
 )
 
 // templateNames are in the order of the constants, whose values the
 // snapshot carries: new templates go at the end.
-var templateNames = [...]string{Plain: "plain", ChatML: "chatml", Llama3: "llama3", Mistral: "mistral", Gemma: "gemma", Qwen3: "qwen3", Llama32: "llama3.2"}
+var templateNames = [...]string{Plain: "plain", ChatML: "chatml", Llama3: "llama3", Mistral: "mistral", Gemma: "gemma", Qwen3: "qwen3", Llama32: "llama3.2",
+	DeepSeekV31: "deepseek-v3.1", DeepSeekR1: "deepseek-r1", GptOss: "gpt-oss", MistralSmall32: "mistral-small-3.2", Phi35: "phi-3.5", Granite33: "granite-3.3", Hermes: "hermes", Custom: "custom"}
 
 // ParseTemplate returns the template with the given configuration name.
 func ParseTemplate(name string) (Template, error) {
@@ -120,9 +144,10 @@ func (y *Tally) Winner() Template {
 	return best
 }
 
-// Templates returns every template kvroute renders, Plain first.
+// Templates returns every template kvroute renders by name, Plain first:
+// all but Custom, which needs its source.
 func Templates() []Template {
-	ts := make([]Template, len(templateNames))
+	ts := make([]Template, Custom)
 	for i := range ts {
 		ts[i] = Template(i)
 	}
@@ -144,12 +169,14 @@ func (t Template) String() string {
 // its templates print first; "" for families without one.
 func (t Template) BOS() string {
 	switch t {
-	case Llama3, Llama32:
+	case Llama3, Llama32, Hermes:
 		return "<|begin_of_text|>"
-	case Mistral:
+	case Mistral, MistralSmall32, Phi35:
 		return "<s>"
 	case Gemma:
 		return "<bos>"
+	case DeepSeekV31, DeepSeekR1:
+		return "<｜begin▁of▁sentence｜>"
 	}
 	return ""
 }
@@ -201,6 +228,8 @@ type Renderer struct {
 	// process's local date, and an engine's container runs in UTC unless
 	// its TZ says otherwise.
 	Now func() time.Time
+	// Custom is the template Custom renders with.
+	Custom *Jinja
 
 	s     scanner
 	req   request
@@ -315,7 +344,7 @@ func (r *Renderer) chat(dst []byte, t Template) ([]byte, error) {
 	case Plain:
 		return r.plain(dst)
 	}
-	return dst, errors.New("prompt: unknown template " + t.String())
+	return r.generalChat(dst, t)
 }
 
 // completion renders a completions prompt.

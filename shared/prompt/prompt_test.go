@@ -458,10 +458,14 @@ func TestParseThenRender(t *testing.T) {
 	}
 	for _, tmpl := range Templates() {
 		got, err := r.RenderParsed(nil, tmpl)
-		if err != nil {
-			t.Fatal(err)
+		want, wantErr := Render(nil, body, tmpl)
+		if err != nil || wantErr != nil {
+			// Hermes's tool-use template requires tools.
+			if err == nil || wantErr == nil || err.Error() != wantErr.Error() {
+				t.Errorf("%v: RenderParsed: %v, Render: %v", tmpl, err, wantErr)
+			}
+			continue
 		}
-		want, _ := Render(nil, body, tmpl)
 		if string(got.Text) != string(want.Text) || got.Model != want.Model || got.MaxTokens != 3 {
 			t.Errorf("%v: RenderParsed %q (%q), Render %q", tmpl, got.Text, got.Model, want.Text)
 		}

@@ -96,3 +96,39 @@ func TestRenderIgnoresLayout(t *testing.T) {
 		}
 	}
 }
+
+// A template given as source renders as the same template embedded: the
+// general path is one path, whichever way the template arrives.
+func TestCustomMatchesEmbedded(t *testing.T) {
+	ref := loadReference(t)
+	names := map[string]bool{}
+	for tmpl, g := range generals {
+		src, err := templateFS.ReadFile("templates/" + g.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := ParseJinja(string(src), g.special)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names[j.Name()] {
+			t.Errorf("%v: name %s taken by another template", tmpl, j.Name())
+		}
+		names[j.Name()] = true
+		for _, c := range ref.Cases {
+			r := Renderer{Now: func() time.Time { return ref.Now }, Custom: j}
+			got, errGot := r.Render(nil, []byte(c.Body), Custom)
+			named := Renderer{Now: r.Now}
+			want, errWant := named.Render(nil, []byte(c.Body), tmpl)
+			if string(got.Text) != string(want.Text) || (errGot == nil) != (errWant == nil) {
+				t.Errorf("%v/%s: custom %q (%v), embedded %q (%v)", tmpl, c.Name, got.Text, errGot, want.Text, errWant)
+			}
+		}
+	}
+	if j, _ := ParseJinja("{{ bos_token }}", map[string]string{"bos_token": "<s>"}); names[j.Name()] || len(j.Name()) != len(CustomPrefix)+16 {
+		t.Errorf("name %q", j.Name())
+	}
+	if _, err := Render(nil, []byte(`{"messages":[{"role":"user","content":"x"}]}`), Custom); err == nil {
+		t.Error("Custom rendered without a source")
+	}
+}

@@ -65,7 +65,9 @@ type request struct {
 	// dateSet when given, and then a string unless dateBad.
 	date             str
 	dateSet, dateBad bool
-	prompt           raw // completions prompt
+	kwargs           raw // chat_template_kwargs, when an object
+
+	prompt raw // completions prompt
 	// max_tokens and max_completion_tokens, when positive integers
 	maxTokens, maxCompletion int
 	salt                     str // cache_salt, when a string
@@ -111,6 +113,8 @@ func (r *Renderer) parse(body []byte) error {
 			if s.ws() != '{' {
 				return s.skip(1)
 			}
+			r.req.kwargs = raw{off: int32(s.pos), ok: true}
+			defer func() { r.req.kwargs.end = int32(s.pos) }()
 			return s.object(1, func(key str) error {
 				switch {
 				case s.equalStr(key, "enable_thinking"):

@@ -82,27 +82,9 @@ def environment():
     return ref.environment()
 
 
-def content_format(env, source):
-    """vLLM's _detect_content_format: "openai" when the template loops over a
-    message's content, else "string"."""
-    try:
-        ast = env.parse(source)
-    except jinja2.TemplateSyntaxError:
-        return "string"
-    for loop in ast.find_all(jinja2.nodes.For):
-        it = loop.iter
-        while isinstance(it, jinja2.nodes.Filter):
-            it = it.node
-        if isinstance(it, jinja2.nodes.Getitem) and isinstance(it.arg, jinja2.nodes.Const) and it.arg.value == "content":
-            return "openai"
-        if isinstance(it, jinja2.nodes.Getattr) and it.attr == "content":
-            return "openai"
-    return "string"
-
-
 def render_case(env, tmpl, source, special, raw):
     body = json.loads(raw)
-    fmt = content_format(env, source)
+    fmt = ref.content_format(env, source)
     kwargs = dict(body.get("chat_template_kwargs") or {})
     variables = {"messages": ref.conversation(body, fmt), "tools": ref.tools_of(body), "documents": None,
                  "add_generation_prompt": body.get("add_generation_prompt", True), **special, **kwargs}
@@ -114,14 +96,9 @@ def render_case(env, tmpl, source, special, raw):
 
 def special_tokens(name):
     for family, (file, special, _) in ref.FAMILIES.items():
-        if file == name:
+        if os.path.basename(file) == name:
             return special
-    return SPECIAL.get(name, {"bos_token": "<s>", "eos_token": "</s>"})
-
-
-# Special tokens of the templates that shared/prompt has no fast renderer
-# for, from each model's tokenizer_config.json (e2e/vllmsim/templates/SOURCES.md).
-SPECIAL = {}
+    return {"bos_token": "<s>", "eos_token": "</s>"}
 
 
 def main():

@@ -28,6 +28,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(ROOT, "..", "..", "..", "e2e", "vllmsim", "templates")
+# The templates only shared/prompt's general path renders.
+GENERAL = os.path.join(ROOT, "..", "templates")
 # The probe set cachesync has every engine render (cachesync/internal/verify).
 PROBES = os.path.join(ROOT, "..", "..", "..", "cachesync", "internal", "verify", "probes.json")
 
@@ -41,6 +43,19 @@ FAMILIES = {
     "qwen3": ("qwen3.jinja", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, "string"),
     "llama3.2": ("llama3.2.jinja", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, "string"),
 }
+
+# The general path's families (shared/prompt/templates/SOURCES.md): the
+# content format is detected from the template, as vLLM detects it.
+for _name, _special in {
+    "deepseek-v3.1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+    "deepseek-r1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+    "gpt-oss": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
+    "mistral-small-3.2": {"bos_token": "<s>", "eos_token": "</s>"},
+    "phi-3.5": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "granite-3.3": {"bos_token": "<|end_of_text|>", "eos_token": "<|end_of_text|>"},
+    "hermes": {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"},
+}.items():
+    FAMILIES[_name] = (os.path.join(GENERAL, _name + ".jinja"), _special, None)
 
 # The clock strftime_now reads (transformers gives templates the process's
 # local time; the Go test sets Renderer.Now to the same instant, in UTC).
@@ -158,10 +173,26 @@ def tools_of(body):
     return out
 
 
+def content_format(env, source):
+    """vLLM's _detect_content_format: "openai" when the template loops over
+    a message's content (filters aside), else "string"."""
+    for loop in env.parse(source).find_all(jinja2.nodes.For):
+        it = loop.iter
+        while isinstance(it, jinja2.nodes.Filter):
+            it = it.node
+        if isinstance(it, jinja2.nodes.Getitem) and isinstance(it.arg, jinja2.nodes.Const) and it.arg.value == "content":
+            return "openai"
+        if isinstance(it, jinja2.nodes.Getattr) and it.attr == "content":
+            return "openai"
+    return "string"
+
+
 def render(env, family, raw):
     name, special, fmt = FAMILIES[family]
     with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
-        template = env.from_string(f.read())
+        source = f.read()
+    template = env.from_string(source)
+    fmt = fmt or content_format(env, source)
     body = json.loads(raw)
     try:
         # vLLM passes chat_template_kwargs to the template as variables.
