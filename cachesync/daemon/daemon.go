@@ -38,13 +38,16 @@ import (
 // Daemon is a configured cachesync, listening but not yet running.
 type Daemon struct {
 	cfg    Config
-	log    *slog.Logger
-	reg    *prometheus.Registry
-	ix     *index.Index
-	svc    *service.Server
-	ln     net.Listener
-	vocab  *vocab.Vocab
-	source discovery.Source
+	custom *prompt.Jinja // -chat-template-file
+	// warnedCustom is the unknown custom template last warned about.
+	warnedCustom string
+	log          *slog.Logger
+	reg          *prometheus.Registry
+	ix           *index.Index
+	svc          *service.Server
+	ln           net.Listener
+	vocab        *vocab.Vocab
+	source       discovery.Source
 
 	scrapes       chan scrape.State
 	discovered    chan struct{}
@@ -146,9 +149,17 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		}
 	}
 	tokens := d.tokens(fileTokens)
+	customName := ""
+	if cfg.ChatTemplateFile != "" {
+		if d.custom, err = loadTemplate(cfg.ChatTemplateFile); err != nil {
+			return nil, fmt.Errorf("chat-template-file: %w", err)
+		}
+		customName = d.custom.Name()
+		log.Info("custom chat template loaded", "file", cfg.ChatTemplateFile, "name", customName)
+	}
 	if d.svc, err = service.New(service.Config{
 		Index: d.ix, Tokens: tokens, Registry: d.reg, Discovered: d.discovered, Logger: log, Notes: d.templateNotes,
-		Engines: d.engineStatus, ReportLimits: reportLimits(cfg), Peers: cfg.peers(),
+		Engines: d.engineStatus, ReportLimits: reportLimits(cfg), Peers: cfg.peers(), CustomTemplate: customName,
 	}); err != nil {
 		return nil, err
 	}

@@ -156,7 +156,7 @@ func (d *Daemon) applyCheck(ctx context.Context, res checkResult) {
 	}
 	tc.rendering = res.rendering
 	tc.renders = prompt.Plain
-	if m := verify.Matching(res.rendering); len(m) > 0 {
+	if m := verify.Matching(res.rendering, d.custom); len(m) > 0 {
 		tc.renders = m[0]
 	}
 	tc.against = nil // evaluate afresh
@@ -171,6 +171,10 @@ func (d *Daemon) rejudge(ctx context.Context) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	fixed, auto := d.svc.GatewayTemplates(d.gatewayWindow)
+	if u := d.svc.UnknownCustom(); u != "" && u != d.warnedCustom {
+		d.warnedCustom = u
+		d.log.Warn("a gateway renders with a custom chat template cachesync does not hold, so its engines cannot be checked against it: give cachesync the same template with -chat-template-file", "template", u, "held", d.heldCustom())
+	}
 	if len(fixed) > 1 && !slices.Equal(fixed, d.warnedTemplates) {
 		d.warnedTemplates = fixed
 		d.log.Warn("gateways render prompts with different chat templates; an engine agrees with one of them at most, and is routed approximately", "templates", names(fixed))
@@ -221,7 +225,7 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 	tc.against = want
 	tc.agree = tc.agree[:0]
 	for _, t := range want {
-		tc.agree = append(tc.agree, verify.Compare(tc.rendering, t))
+		tc.agree = append(tc.agree, verify.Compare(tc.rendering, t, d.custom))
 	}
 	// Gateways on auto render plain what no checked engine of the model
 	// renders: an engine that could not be checked cannot agree with that.
@@ -316,4 +320,12 @@ func agreements(as []verify.Agreement) string {
 // slow engine never holds the scraper's connections.
 func newCheckClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute}}
+}
+
+// heldCustom names the custom template cachesync holds, "" for none.
+func (d *Daemon) heldCustom() string {
+	if d.custom == nil {
+		return ""
+	}
+	return d.custom.Name()
 }

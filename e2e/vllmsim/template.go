@@ -33,6 +33,15 @@ var families = map[string]family{
 	"gemma":    {bos: "<bos>", eos: "<eos>", addBOS: true},
 	"qwen3":    {bos: "", eos: "<|im_end|>"},
 	"llama3.2": {bos: "<|begin_of_text|>", eos: "<|eot_id|>", addBOS: true},
+	// Families an engine renders when started with their template's
+	// source (shared/prompt/templates): their special tokens.
+	"deepseek-v3.1":     {bos: "<｜begin▁of▁sentence｜>", eos: "<｜end▁of▁sentence｜>", addBOS: true},
+	"deepseek-r1":       {bos: "<｜begin▁of▁sentence｜>", eos: "<｜end▁of▁sentence｜>", addBOS: true},
+	"gpt-oss":           {bos: "<|startoftext|>", eos: "<|return|>"},
+	"mistral-small-3.2": {bos: "<s>", eos: "</s>", addBOS: true},
+	"phi-3.5":           {bos: "<s>", eos: "<|endoftext|>", addBOS: true},
+	"granite-3.3":       {bos: "<|end_of_text|>", eos: "<|end_of_text|>"},
+	"hermes":            {bos: "<|begin_of_text|>", eos: "<|im_end|>", addBOS: true},
 }
 
 // models maps served model names, by lower-case prefix, to the family
@@ -46,6 +55,13 @@ var models = []struct{ prefix, family string }{
 	{"meta-llama/meta-llama-3.1-", "llama3"},
 	{"mistralai/mistral-nemo-instruct-2407", "mistral"},
 	{"google/gemma-3-", "gemma"},
+	{"deepseek-ai/deepseek-v3.1", "deepseek-v3.1"},
+	{"deepseek-ai/deepseek-r1", "deepseek-r1"},
+	{"openai/gpt-oss-", "gpt-oss"},
+	{"mistralai/mistral-small-3.2-", "mistral-small-3.2"},
+	{"microsoft/phi-3.5-", "phi-3.5"},
+	{"ibm-granite/granite-3.3-", "granite-3.3"},
+	{"nousresearch/hermes-3-", "hermes"},
 }
 
 // familyOf returns the template family of a served model name, or "".

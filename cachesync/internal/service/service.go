@@ -93,6 +93,10 @@ type Config struct {
 	// report batch a gateway sends is forwarded to each, so that every
 	// replica's approximate index learns every gateway's decisions.
 	Peers []string
+	// CustomTemplate is the name (prompt.Jinja.Name) of the chat template
+	// cachesync holds as source: gateways naming it are checked against
+	// it as prompt.Custom.
+	CustomTemplate string
 	// ShutdownGrace bounds how long Serve waits for requests in flight
 	// when its context ends; 0 means DefaultShutdownGrace.
 	ShutdownGrace time.Duration
@@ -148,6 +152,7 @@ func New(cfg Config) (*Server, error) {
 		engines:    cfg.Engines,
 		epoch:      newEpoch(),
 		pm:         newPeerMetrics(),
+		templates:  gatewayTemplates{custom: cfg.CustomTemplate},
 	}
 	for _, a := range cfg.Peers {
 		s.peers = append(s.peers, &peer{addr: a, batches: make(chan []byte, peerQueue)})

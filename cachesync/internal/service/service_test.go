@@ -624,6 +624,24 @@ func TestGatewayTemplates(t *testing.T) {
 	}
 }
 
+// A gateway on chat_template custom is checked against the custom template
+// only when it names the one cachesync holds; another is remembered as
+// unknown, and the bare name "custom" is no template at all.
+func TestGatewayCustomTemplate(t *testing.T) {
+	const held = prompt.CustomPrefix + "00000000000000aa"
+	f := newFixture(t, Config{Tokens: []string{"tok"}, CustomTemplate: held}, index.Config{})
+	f.ix.Publish()
+	for _, name := range []string{prompt.CustomPrefix + "00000000000000bb", "custom", held} {
+		f.do(t, "GET", "/v1/snapshot?since=0&template="+name, nil, "Authorization", "Bearer tok")
+	}
+	if got, _ := f.srv.GatewayTemplates(time.Minute); !slices.Equal(got, []prompt.Template{prompt.Custom}) {
+		t.Errorf("GatewayTemplates = %v, want [custom]", got)
+	}
+	if got := f.srv.UnknownCustom(); got != prompt.CustomPrefix+"00000000000000bb" {
+		t.Errorf("UnknownCustom = %q", got)
+	}
+}
+
 // TestEpochs: a since from another cachesync's history (a replica, or this
 // process's predecessor) gets a whole snapshot, and its If-None-Match does
 // not match; this epoch's since gets a diff.

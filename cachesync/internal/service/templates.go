@@ -2,6 +2,7 @@ package service
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,9 +15,24 @@ import (
 // cachesync checks the engines against them. Only names kvroute knows are
 // kept, so a stranger's query cannot grow the set.
 type gatewayTemplates struct {
-	mu   sync.Mutex
-	seen map[prompt.Template]time.Time
-	auto time.Time // when a gateway last named syncapi.AutoTemplate
+	// custom is the name of the template cachesync holds as source
+	// (prompt.Jinja.Name), which a gateway on chat_template custom names.
+	custom string
+	mu     sync.Mutex
+	seen   map[prompt.Template]time.Time
+	auto   time.Time // when a gateway last named syncapi.AutoTemplate
+	// unknown is the last custom template a gateway named whose source
+	// cachesync does not hold.
+	unknown string
+}
+
+// UnknownCustom returns the last custom template a gateway named that is
+// not the one cachesync holds, "" for none.
+func (s *Server) UnknownCustom() string {
+	g := &s.templates
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.unknown
 }
 
 func (g *gatewayTemplates) saw(name string, now time.Time) {
@@ -27,7 +43,15 @@ func (g *gatewayTemplates) saw(name string, now time.Time) {
 		return
 	}
 	t, err := prompt.ParseTemplate(name)
-	if err != nil {
+	switch {
+	case g.custom != "" && name == g.custom:
+		t = prompt.Custom
+	case err != nil || t == prompt.Custom:
+		// A custom template whose source cachesync does not hold is
+		// one it cannot check against.
+		if strings.HasPrefix(name, prompt.CustomPrefix) {
+			g.unknown = name
+		}
 		return
 	}
 	if g.seen == nil {

@@ -27,7 +27,10 @@ func TestLlamaCppJinjaAgrees(t *testing.T) {
 	}
 	dir, _ := filepath.Abs("../../../e2e/vllmsim/templates")
 	for _, tmpl := range prompt.Templates() {
-		if tmpl == prompt.Plain {
+		if tmpl == prompt.Plain || tmpl > prompt.Llama32 {
+			// The general path's templates print their own models'
+			// tokens, and only a Gemma model is at hand; they are
+			// checked against Jinja2 and the simulator instead.
 			continue
 		}
 		t.Run(tmpl.String(), func(t *testing.T) {
@@ -62,7 +65,7 @@ func TestLlamaCppJinjaAgrees(t *testing.T) {
 				}
 				r.Texts[i] = text
 			}
-			a := Compare(r, tmpl)
+			a := Compare(r, tmpl, nil)
 			t.Logf("%v; refused: %q", a, r.Refused)
 			if !a.Agrees() {
 				t.Errorf("llama.cpp's render of %s disagrees with kvroute's: %v", file, a)

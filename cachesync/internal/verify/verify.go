@@ -255,11 +255,12 @@ func (a Agreement) String() string {
 
 // Compare renders the probe set under t and compares it with r. A probe
 // the engine refused, or the template rejects, is not compared: the filter
-// routes such a request by load, which is safe.
-func Compare(r *Rendering, t prompt.Template) Agreement {
+// routes such a request by load, which is safe. custom is the template
+// prompt.Custom renders with (nil: Custom agrees with nothing).
+func Compare(r *Rendering, t prompt.Template, custom *prompt.Jinja) Agreement {
 	a := Agreement{Template: t}
 	var buf []byte
-	rd := prompt.Renderer{Now: func() time.Time { return r.At }}
+	rd := prompt.Renderer{Now: func() time.Time { return r.At }, Custom: custom}
 	for i, p := range Probes {
 		if i >= len(r.Texts) || r.Texts[i] == nil {
 			continue
@@ -287,11 +288,16 @@ func Compare(r *Rendering, t prompt.Template) Agreement {
 	return a
 }
 
-// Matching returns the templates whose renders agree with r.
-func Matching(r *Rendering) []prompt.Template {
+// Matching returns the templates whose renders agree with r, prompt.Custom
+// last when custom is set.
+func Matching(r *Rendering, custom *prompt.Jinja) []prompt.Template {
+	ts := prompt.Templates()
+	if custom != nil {
+		ts = append(ts, prompt.Custom)
+	}
 	var out []prompt.Template
-	for _, t := range prompt.Templates() {
-		if Compare(r, t).Agrees() {
+	for _, t := range ts {
+		if Compare(r, t, custom).Agrees() {
 			out = append(out, t)
 		}
 	}

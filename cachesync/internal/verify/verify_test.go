@@ -68,7 +68,7 @@ func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := Compare(r, tt.want)
+			a := Compare(r, tt.want, nil)
 			if !a.Agrees() {
 				t.Fatalf("own template: %v", a)
 			}
@@ -77,8 +77,69 @@ func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
 			if refused := len(Probes) - a.Compared; refused > 1 {
 				t.Errorf("only %d of %d probes compared (refused: %q)", a.Compared, len(Probes), r.Refused)
 			}
-			if got := Matching(r); !slices.Equal(got, []prompt.Template{tt.want}) {
+			if got := Matching(r, nil); !slices.Equal(got, []prompt.Template{tt.want}) {
 				t.Errorf("Matching = %v, want only %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// Engines started with the real templates of the general path's families
+// (their source as --chat-template): each agrees with its family only, and
+// with the same source given as a custom template.
+func TestGeneralTemplatesAgreeWithTheirEngines(t *testing.T) {
+	v := loadVocab(t)
+	tests := []struct {
+		model string
+		want  prompt.Template
+	}{
+		{"deepseek-ai/DeepSeek-V3.1", prompt.DeepSeekV31},
+		{"deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", prompt.DeepSeekR1},
+		{"openai/gpt-oss-120b", prompt.GptOss},
+		{"mistralai/Mistral-Small-3.2-24B-Instruct-2506", prompt.MistralSmall32},
+		{"microsoft/Phi-3.5-mini-instruct", prompt.Phi35},
+		{"ibm-granite/granite-3.3-8b-instruct", prompt.Granite33},
+		{"NousResearch/Hermes-3-Llama-3.1-8B", prompt.Hermes},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want.String(), func(t *testing.T) {
+			src, err := os.ReadFile("../../../shared/prompt/templates/" + tt.want.String() + ".jinja")
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := startSim(t, tt.model, string(src))
+			r, err := Fetch(context.Background(), http.DefaultClient, e.URL(), tt.model, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := Compare(r, tt.want, nil)
+			if !a.Agrees() {
+				t.Fatalf("own template: %v", a)
+			}
+			t.Logf("%d of %d probes compared, refused: %q", a.Compared, len(Probes), r.Refused)
+			// Hermes's tool-use template refuses a conversation without
+			// tools (Jinja2 too), so only the tools probe compares.
+			if least := 4; a.Compared < least && !(tt.want == prompt.Hermes && a.Compared == 1) {
+				t.Errorf("only %d probes compared", a.Compared)
+			}
+			if got := Matching(r, nil); !slices.Equal(got, []prompt.Template{tt.want}) {
+				t.Errorf("Matching = %v, want only %v", got, tt.want)
+			}
+			if tt.want != prompt.DeepSeekV31 {
+				return
+			}
+			// The same source as a gateway's custom template agrees too;
+			// without its special tokens it does not.
+			j, err := prompt.ParseJinja(string(src), map[string]string{"bos_token": "<｜begin▁of▁sentence｜>"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := Matching(r, j); !slices.Equal(got, []prompt.Template{tt.want, prompt.Custom}) {
+				t.Errorf("Matching with the custom template = %v", got)
+			}
+			bare, _ := prompt.ParseJinja(string(src), nil)
+			if a := Compare(r, prompt.Custom, bare); a.Agrees() || a.Common != len("<｜") {
+				t.Errorf("a custom template without its BOS: %v", a)
 			}
 		})
 	}
@@ -93,7 +154,7 @@ func TestDisagreementNamesTheFirstDifference(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := Compare(r, prompt.ChatML)
+	a := Compare(r, prompt.ChatML, nil)
 	if a.Agrees() || a.Exact != 0 {
 		t.Fatalf("chatml agrees with a llama3 engine: %v", a)
 	}
@@ -107,7 +168,7 @@ func TestDisagreementNamesTheFirstDifference(t *testing.T) {
 	if s := a.String(); !strings.Contains(s, "probe user after 2 bytes") {
 		t.Errorf("String() = %q", s)
 	}
-	if got := Matching(r); !slices.Equal(got, []prompt.Template{prompt.Llama3}) {
+	if got := Matching(r, nil); !slices.Equal(got, []prompt.Template{prompt.Llama3}) {
 		t.Errorf("Matching = %v, want [llama3]", got)
 	}
 }
@@ -136,7 +197,7 @@ func TestEngineAnswers(t *testing.T) {
 			r, err := Fetch(context.Background(), srv.Client(), srv.URL, "m", v)
 			switch {
 			case tt.refused:
-				if err != nil || r.Refused[0] == "" || Compare(r, prompt.ChatML).Agrees() {
+				if err != nil || r.Refused[0] == "" || Compare(r, prompt.ChatML, nil).Agrees() {
 					t.Fatalf("err %v, refused %q: want every probe refused and no agreement", err, r.Refused)
 				}
 			case err == nil:
@@ -202,10 +263,10 @@ func TestFetchApplied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := Compare(r, prompt.ChatML); !a.Agrees() || a.Compared < len(Probes)-1 {
+	if a := Compare(r, prompt.ChatML, nil); !a.Agrees() || a.Compared < len(Probes)-1 {
 		t.Errorf("ChatML: %v", a)
 	}
-	if a := Compare(r, prompt.Llama3); !a.Disagrees() {
+	if a := Compare(r, prompt.Llama3, nil); !a.Disagrees() {
 		t.Errorf("Llama 3: %v, want a disagreement", a)
 	}
 
@@ -225,14 +286,14 @@ func TestFetchApplied(t *testing.T) {
 	if r, err = FetchApplied(context.Background(), gemma.Client(), gemma.URL, "gemma-3-270m"); err != nil {
 		t.Fatal(err)
 	}
-	if a := Compare(r, prompt.Gemma); !a.Agrees() {
+	if a := Compare(r, prompt.Gemma, nil); !a.Agrees() {
 		t.Errorf("Gemma without its BOS: %v", a)
 	}
-	if a := Compare(r, prompt.ChatML); !a.Disagrees() {
+	if a := Compare(r, prompt.ChatML, nil); !a.Disagrees() {
 		t.Errorf("ChatML against a Gemma engine: %v", a)
 	}
 	r.NoBOS = false
-	if a := Compare(r, prompt.Gemma); !a.Disagrees() || a.Common != len("<") {
+	if a := Compare(r, prompt.Gemma, nil); !a.Disagrees() || a.Common != len("<") {
 		t.Errorf("Gemma without its BOS, from an engine that keeps it: %v", a)
 	}
 
