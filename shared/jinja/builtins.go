@@ -215,27 +215,21 @@ func rangeFn(c *call) (Value, error) {
 
 func namespaceFn(c *call) (Value, error) {
 	ns := &namespace{}
-	for _, a := range c.args {
-		d, ok := a.(*Dict)
-		if !ok {
-			return nil, errors("namespace takes a dict or keyword arguments")
-		}
-		for i, k := range d.keys {
-			ns.set(k, d.vals[i])
-		}
-	}
-	for _, k := range c.kw {
-		ns.Set(k.name, k.v)
-	}
-	return ns, nil
+	return ns, fill(&ns.Dict, c)
 }
 
 func dictFn(c *call) (Value, error) {
 	d := NewDict(len(c.kw))
+	return d, fill(d, c)
+}
+
+// fill sets d from a call's dict arguments, then its keyword arguments, as
+// namespace() and dict() do.
+func fill(d *Dict, c *call) error {
 	for _, a := range c.args {
 		src, ok := a.(*Dict)
 		if !ok {
-			return nil, errors("dict takes a dict or keyword arguments")
+			return errors(c.name + " takes a dict or keyword arguments")
 		}
 		for i, k := range src.keys {
 			d.set(k, src.vals[i])
@@ -244,7 +238,7 @@ func dictFn(c *call) (Value, error) {
 	for _, k := range c.kw {
 		d.Set(k.name, k.v)
 	}
-	return d, nil
+	return nil
 }
 
 func raiseException(c *call) (Value, error) {

@@ -274,6 +274,9 @@ func (r *renderer) eval(x expr, sc *scope) (Value, error) {
 		if err != nil {
 			return nil, err
 		}
+		if n, ok := x.fn.(*nameRef); ok {
+			c.name = n.name
+		}
 		return r.call(fn, c)
 	case *filterExpr:
 		f, ok := filters[x.name]

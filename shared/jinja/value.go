@@ -381,9 +381,7 @@ func appendRepr(dst []byte, v Value) []byte {
 	return append(dst, "<function>"...)
 }
 
-// appendPyFloat appends f as Python's repr(float) prints it: the shortest
-// digits that read back, with ".0" on whole numbers and an exponent below
-// 1e-4 and from 1e16.
+// appendPyFloat appends f as Python's repr(float) prints it.
 func appendPyFloat(dst []byte, f float64) []byte {
 	switch {
 	case math.IsNaN(f):
@@ -393,9 +391,26 @@ func appendPyFloat(dst []byte, f float64) []byte {
 	case math.IsInf(f, -1):
 		return append(dst, "-inf"...)
 	}
-	if a := math.Abs(f); a != 0 && (a < 1e-4 || a >= 1e16) {
-		// Go and Python agree here: 1e+16, 1.5e-05.
-		return strconv.AppendFloat(dst, f, 'e', -1, 64)
+	return AppendFloat(dst, f)
+}
+
+// AppendFloat appends a finite f as Python's repr prints it: the shortest
+// round-tripping digits, in positional form with at least one decimal when
+// the decimal exponent is in [-4, 16), else in exponent form with a signed
+// two-digit (or longer) exponent. json.dumps prints floats the same way.
+func AppendFloat(dst []byte, f float64) []byte {
+	var buf [32]byte
+	e := strconv.AppendFloat(buf[:0], f, 'e', -1, 64)
+	// e is [-]d[.ddd]e±XX
+	exp := 0
+	for i := len(e) - 1; i >= 0; i-- {
+		if e[i] == 'e' {
+			exp, _ = strconv.Atoi(string(e[i+1:]))
+			break
+		}
+	}
+	if exp < -4 || exp >= 16 {
+		return append(dst, e...)
 	}
 	start := len(dst)
 	dst = strconv.AppendFloat(dst, f, 'f', -1, 64)

@@ -4,6 +4,8 @@ import (
 	"math"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/kvroute/kvroute/shared/jinja"
 )
 
 // This file prints JSON values as the templates' tojson filter does:
@@ -167,10 +169,7 @@ func appendPyNumber(dst, num []byte, isInt bool) []byte {
 	return appendPyFloat(dst, f)
 }
 
-// appendPyFloat appends Python's repr of f: the shortest round-tripping
-// digits, in positional form with at least one decimal when the decimal
-// exponent is in [-4, 16), else in exponent form with a signed two-digit
-// (or longer) exponent.
+// appendPyFloat appends what json.dumps prints for f.
 func appendPyFloat(dst []byte, f float64) []byte {
 	switch {
 	case math.IsInf(f, 1):
@@ -178,25 +177,5 @@ func appendPyFloat(dst []byte, f float64) []byte {
 	case math.IsInf(f, -1):
 		return append(dst, "-Infinity"...)
 	}
-	var buf [32]byte
-	e := strconv.AppendFloat(buf[:0], f, 'e', -1, 64)
-	// e is [-]d[.ddd]e±XX
-	exp := 0
-	for i := len(e) - 1; i >= 0; i-- {
-		if e[i] == 'e' {
-			exp, _ = strconv.Atoi(string(e[i+1:]))
-			break
-		}
-	}
-	if exp < -4 || exp >= 16 {
-		return append(dst, e...)
-	}
-	start := len(dst)
-	dst = strconv.AppendFloat(dst, f, 'f', -1, 64)
-	for _, c := range dst[start:] {
-		if c == '.' {
-			return dst
-		}
-	}
-	return append(dst, ".0"...)
+	return jinja.AppendFloat(dst, f)
 }
