@@ -3,6 +3,7 @@ package vllmsim
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -210,13 +211,30 @@ func TestRequestsMatchReference(t *testing.T) {
 		"arguments_numbers":        "an integer past int64 prints as a float: template values hold int64",
 		"date_string_not_a_string": "ardanlabs/jinja adds a string and an integer, where Python raises a TypeError",
 	}
+	// Where ardanlabs/jinja renders a template of the general path unlike
+	// Jinja2 (kvroute's own evaluator matches Jinja2 on these: shared/prompt's
+	// reference test); the simulator is the one that deviates.
+	const libraryDiffers = "ardanlabs/jinja renders this branch of the template unlike Jinja2"
+	familyDeviations := map[string]string{
+		"tool_flow/mistral-small-3.2":            libraryDiffers,
+		"parallel_calls/mistral-small-3.2":       libraryDiffers,
+		"arguments_object/mistral-small-3.2":     libraryDiffers,
+		"tool_content_quoting/mistral-small-3.2": libraryDiffers,
+		"thinking_history/deepseek-v3.1":         libraryDiffers,
+	}
 	for _, c := range ref.Cases {
 		for family, want := range c.Want {
 			t.Run(c.Name+"/"+family, func(t *testing.T) {
 				if why := deviations[c.Name]; why != "" {
 					t.Skip(why)
 				}
-				tpl, err := newChatTemplate(family, "")
+				if why := familyDeviations[c.Name+"/"+family]; why != "" {
+					t.Skip(why)
+				}
+				if want.Text == nil && (family == "hermes" || family == "gpt-oss") {
+					t.Skip("ardanlabs/jinja iterates none as empty where Jinja2 raises, so the engine renders what vLLM refuses")
+				}
+				tpl, err := referenceTemplate(family)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -239,4 +257,24 @@ func TestRequestsMatchReference(t *testing.T) {
 			})
 		}
 	}
+}
+
+// referenceTemplate starts the template of a family of the reference: an
+// embedded one by name, or one of shared/prompt's general path from its
+// source, as an engine given --chat-template would, with a model of the
+// family for its special tokens.
+func referenceTemplate(family string) (*chatTemplate, error) {
+	if _, err := templateFS.ReadFile("templates/" + family + ".jinja"); err == nil {
+		return newChatTemplate(family, "")
+	}
+	src, err := os.ReadFile("../../shared/prompt/templates/" + family + ".jinja")
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range models {
+		if m.family == family {
+			return newChatTemplate(string(src), m.prefix)
+		}
+	}
+	return nil, errors.New("no model of family " + family)
 }
