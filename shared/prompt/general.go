@@ -15,7 +15,7 @@ import (
 // shared/jinja on the conversation as vLLM hands it to the template. The
 // fast renderers (render.go) follow their templates statement by statement
 // on the body in place; this path builds the conversation as values first,
-// and costs more (README, "Rendering cost"), but renders any template the
+// and costs more (the README measures both), but renders any template the
 // evaluator supports.
 
 // templateFS holds the real templates of the families only the general
