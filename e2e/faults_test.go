@@ -108,7 +108,13 @@ func inflightReleased(t *testing.T, g *gateway) {
 // the scrapes miss it and a snapshot says so, no request is routed there
 // at all; and nothing stays counted in flight.
 func TestFaultEngineKilledMidStream(t *testing.T) {
-	results, es, _, g, killed := streamUnderFault(t, 300, func(es []*vllmsim.Engine) { es[1].Close() })
+	// The engine is dead once Close returns: until then it may still
+	// accept a connection, and fail it as it goes.
+	var killed time.Time
+	results, es, _, g, _ := streamUnderFault(t, 300, func(es []*vllmsim.Engine) {
+		es[1].Close()
+		killed = time.Now()
+	})
 	victim := es[1].Addr()
 	inflightReleased(t, g)
 
