@@ -9,10 +9,13 @@ import (
 	"unicode/utf8"
 )
 
+// test is a Jinja test: "v is name(args)".
+type test func(v Value, args []Value) (bool, error)
+
 var (
 	globals map[string]Value
 	filters map[string]callable
-	tests   map[string]func(v Value, args []Value) (bool, error)
+	tests   map[string]test
 )
 
 func init() {
@@ -60,7 +63,7 @@ func init() {
 		"sort":     sortFilter,
 		"min":      minMaxFilter(true), "max": minMaxFilter(false),
 	}
-	tests = map[string]func(Value, []Value) (bool, error){
+	tests = map[string]test{
 		"defined":   func(v Value, _ []Value) (bool, error) { return !isUndefined(v), nil },
 		"undefined": func(v Value, _ []Value) (bool, error) { return isUndefined(v), nil },
 		"none":      func(v Value, _ []Value) (bool, error) { return v == nil, nil },
@@ -80,22 +83,12 @@ func init() {
 			_, big := v.(bigInt)
 			return ok || big, nil
 		},
-		"string":  func(v Value, _ []Value) (bool, error) { _, ok := plain(v).(string); return ok, nil },
-		"mapping": func(v Value, _ []Value) (bool, error) { _, ok := v.(*Dict); return ok, nil },
-		"iterable": func(v Value, _ []Value) (bool, error) {
-			switch v.(type) {
-			case string, *List, *Dict, Undefined:
-				return true, nil
-			}
-			return false, nil
-		},
-		"sequence": func(v Value, _ []Value) (bool, error) {
-			switch v.(type) {
-			case string, *List, *Dict, Undefined:
-				return true, nil
-			}
-			return false, nil
-		},
+		"string":   func(v Value, _ []Value) (bool, error) { _, ok := plain(v).(string); return ok, nil },
+		"mapping":  func(v Value, _ []Value) (bool, error) { _, ok := v.(*Dict); return ok, nil },
+		"iterable": func(v Value, _ []Value) (bool, error) { return isContainer(v) || isGenerator(v), nil },
+		// Jinja2's holds wherever len() and [] do: Undefined has both, a
+		// generator neither.
+		"sequence": func(v Value, _ []Value) (bool, error) { return isContainer(v) && !isGenerator(v), nil },
 		"callable": func(v Value, _ []Value) (bool, error) {
 			switch v.(type) {
 			case callable, *macro:
@@ -156,7 +149,15 @@ func (c *call) arg(i int, name string, def Value) Value {
 	return def
 }
 
-func cmpTest(op string) func(Value, []Value) (bool, error) {
+func isContainer(v Value) bool {
+	switch plain(v).(type) {
+	case string, *List, *Dict, Undefined:
+		return true
+	}
+	return false
+}
+
+func cmpTest(op string) test {
 	return func(v Value, args []Value) (bool, error) {
 		if len(args) != 1 {
 			return false, errors("test " + op + " takes one argument")
@@ -165,7 +166,7 @@ func cmpTest(op string) func(Value, []Value) (bool, error) {
 	}
 }
 
-func intTest(f func(int64) bool) func(Value, []Value) (bool, error) {
+func intTest(f func(int64) bool) test {
 	return func(v Value, _ []Value) (bool, error) {
 		i, ok := toInt(v)
 		if !ok {
@@ -261,7 +262,7 @@ func strftimeNow(c *call) (Value, error) {
 }
 
 func lengthFilter(c *call) (Value, error) {
-	switch v := c.args[0].(type) {
+	switch v := plain(c.args[0]).(type) {
 	case string:
 		return int64(utf8.RuneCountInString(v)), nil
 	case *List:
@@ -276,9 +277,12 @@ func lengthFilter(c *call) (Value, error) {
 	return nil, errors("object of type '" + typeName(c.args[0]) + "' has no len()")
 }
 
+// tojsonFilter is transformers' tojson(x, ensure_ascii=False, indent=None,
+// separators=None, sort_keys=False): json.dumps with those arguments, in
+// that order.
 func tojsonFilter(c *call) (Value, error) {
 	indent := -1
-	if v := c.arg(1, "indent", nil); v != nil {
+	if v := c.arg(2, "indent", nil); v != nil {
 		n, ok := toInt(v)
 		if !ok {
 			return nil, errors("tojson: indent must be an integer")
@@ -289,17 +293,15 @@ func tojsonFilter(c *call) (Value, error) {
 	if indent >= 0 {
 		j.itemSep = ","
 	}
-	if s := c.arg(2, "separators", nil); s != nil {
+	if s := c.arg(3, "separators", nil); s != nil {
 		l, ok := s.(*List)
 		if !ok || len(l.Items) != 2 {
 			return nil, errors("tojson: separators must be a pair")
 		}
 		j.itemSep, j.keySep = str(l.Items[0]), str(l.Items[1])
 	}
-	j.sortKeys = truthy(c.arg(3, "sort_keys", false))
-	if ea := c.arg(-1, "ensure_ascii", false); truthy(ea) {
-		j.ascii = true
-	}
+	j.sortKeys = truthy(c.arg(4, "sort_keys", false))
+	j.ascii = truthy(c.arg(1, "ensure_ascii", false))
 	out, err := j.write(nil, c.args[0], 0)
 	return string(out), err
 }
@@ -321,7 +323,7 @@ func joinFilter(c *call) (Value, error) {
 			b = append(b, sep...)
 		}
 		if attr != nil {
-			if it, err = getattr(it, str(attr)); err != nil {
+			if it, err = getattrPath(it, str(attr)); err != nil {
 				return nil, err
 			}
 		}
@@ -422,15 +424,11 @@ func replaceFilter(c *call) (Value, error) {
 // selectFilter is select, reject, selectattr and rejectattr.
 func selectFilter(byAttr, keep bool) callable {
 	return func(c *call) (Value, error) {
-		var items []Value
-		if truthy(c.args[0]) {
-			var err error
-			if items, err = iterate(c.args[0]); err != nil {
-				return nil, err
-			}
+		items, err := generatorInput(c.args[0])
+		if err != nil {
+			return nil, err
 		}
 		rest := c.args[1:]
-		var err error
 		var attr string
 		if byAttr {
 			if len(rest) == 0 {
@@ -438,11 +436,11 @@ func selectFilter(byAttr, keep bool) callable {
 			}
 			attr, rest = str(rest[0]), rest[1:]
 		}
-		var test func(Value, []Value) (bool, error)
+		var t test
 		if len(rest) > 0 {
 			name := str(rest[0])
 			var ok bool
-			if test, ok = tests[name]; !ok {
+			if t, ok = tests[name]; !ok {
 				return nil, errors("no test named " + strconv.Quote(name))
 			}
 			rest = rest[1:]
@@ -456,8 +454,8 @@ func selectFilter(byAttr, keep bool) callable {
 				}
 			}
 			ok := truthy(v)
-			if test != nil {
-				if ok, err = test(v, rest); err != nil {
+			if t != nil {
+				if ok, err = t(v, rest); err != nil {
 					return nil, err
 				}
 			}
@@ -491,13 +489,19 @@ func getattrPath(v Value, path string) (Value, error) {
 	}
 }
 
+// generatorInput is what select, reject and map iterate: Jinja2's
+// versions start with "if value:", so a false input (none) yields nothing.
+func generatorInput(v Value) ([]Value, error) {
+	if !truthy(v) {
+		return nil, nil
+	}
+	return iterate(v)
+}
+
 func mapFilter(c *call) (Value, error) {
-	var items []Value
-	if truthy(c.args[0]) {
-		var err error
-		if items, err = iterate(c.args[0]); err != nil {
-			return nil, err
-		}
+	items, err := generatorInput(c.args[0])
+	if err != nil {
+		return nil, err
 	}
 	out := &List{Items: make([]Value, 0, len(items)), generator: true}
 	if attr := c.arg(-1, "attribute", nil); attr != nil {
@@ -544,11 +548,18 @@ func reverseFilter(c *call) (Value, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &List{Items: make([]Value, len(items))}
+	// Python's reversed() is an iterator, like select's generators;
+	// Jinja2 makes a list only of what reversed() refuses (a generator).
+	out := &List{Items: make([]Value, len(items)), generator: !isGenerator(c.args[0])}
 	for i, it := range items {
 		out.Items[len(items)-1-i] = it
 	}
 	return out, nil
+}
+
+func isGenerator(v Value) bool {
+	l, ok := v.(*List)
+	return ok && l.generator
 }
 
 func intFilter(c *call) (Value, error) {
@@ -599,7 +610,7 @@ func absFilter(c *call) (Value, error) {
 
 func indentFilter(c *call) (Value, error) {
 	width := c.arg(1, "width", int64(4))
-	pad := ""
+	var pad string
 	if w, ok := toInt(width); ok {
 		pad = strings.Repeat(" ", int(max(w, 0)))
 	} else {
@@ -670,7 +681,7 @@ func dictMethod(d *Dict, name string) Value {
 	case "items":
 		return callable(func(*call) (Value, error) { return d.items(), nil })
 	case "keys":
-		return callable(func(*call) (Value, error) { return iterateList(d) })
+		return callable(func(*call) (Value, error) { return &List{Items: append([]Value(nil), d.keys...)}, nil })
 	case "values":
 		return callable(func(*call) (Value, error) { return &List{Items: append([]Value(nil), d.vals...)}, nil })
 	case "get":
@@ -685,11 +696,6 @@ func dictMethod(d *Dict, name string) Value {
 		})
 	}
 	return nil
-}
-
-func iterateList(v Value) (Value, error) {
-	items, err := iterate(v)
-	return &List{Items: items}, err
 }
 
 func listMethod(l *List, name string) Value {
@@ -951,23 +957,95 @@ func dictsortFilter(c *call) (Value, error) {
 		return nil, errors("dictsort needs a mapping")
 	}
 	caseSensitive := truthy(c.arg(1, "case_sensitive", false))
-	byValue := str(c.arg(2, "by", "key")) == "value"
-	reverse := truthy(c.arg(3, "reverse", false))
-	pairs := d.items()
-	var sortErr error
-	key := func(v Value) Value {
-		if s, ok := v.(string); ok && !caseSensitive {
-			return strings.ToLower(s)
-		}
-		return v
+	by := 0
+	if str(c.arg(2, "by", "key")) == "value" {
+		by = 1
 	}
-	sort.SliceStable(pairs.Items, func(i, j int) bool {
-		a, b := pairs.Items[i].(*List).Items, pairs.Items[j].(*List).Items
-		k := 0
-		if byValue {
-			k = 1
+	pairs := d.items().Items
+	keys := make([]Value, len(pairs))
+	for i, p := range pairs {
+		keys[i] = foldCase(p.(*List).Items[by], caseSensitive)
+	}
+	return sorted(pairs, keys, truthy(c.arg(3, "reverse", false)))
+}
+
+func sortFilter(c *call) (Value, error) {
+	items, err := iterate(c.args[0])
+	if err != nil {
+		return nil, err
+	}
+	keys, err := sortKeys(items, c.arg(3, "attribute", nil), truthy(c.arg(2, "case_sensitive", false)))
+	if err != nil {
+		return nil, err
+	}
+	return sorted(items, keys, truthy(c.arg(1, "reverse", false)))
+}
+
+func minMaxFilter(isMin bool) callable {
+	return func(c *call) (Value, error) {
+		items, err := iterate(c.args[0])
+		if err != nil {
+			return nil, err
 		}
-		x, y := key(a[k]), key(b[k])
+		keys, err := sortKeys(items, c.arg(2, "attribute", nil), truthy(c.arg(1, "case_sensitive", false)))
+		if err != nil {
+			return nil, err
+		}
+		if len(items) == 0 {
+			return Undefined{c.name}, nil
+		}
+		best := 0
+		for i := 1; i < len(items); i++ {
+			x, y := keys[i], keys[best]
+			if !isMin {
+				x, y = y, x
+			}
+			l, err := less(x, y)
+			if err != nil {
+				return nil, err
+			}
+			if l {
+				best = i
+			}
+		}
+		return items[best], nil
+	}
+}
+
+// sortKeys are what sort, min and max compare items by: each item, or its
+// attribute when one is named, strings lower-cased unless case sensitive.
+func sortKeys(items []Value, attr Value, caseSensitive bool) ([]Value, error) {
+	keys := make([]Value, len(items))
+	for i, it := range items {
+		k := it
+		if attr != nil {
+			var err error
+			if k, err = getattrPath(it, str(attr)); err != nil {
+				return nil, err
+			}
+		}
+		keys[i] = foldCase(k, caseSensitive)
+	}
+	return keys, nil
+}
+
+func foldCase(k Value, caseSensitive bool) Value {
+	if s, ok := plain(k).(string); ok && !caseSensitive {
+		return strings.ToLower(s)
+	}
+	return k
+}
+
+// sorted returns items in the order of their keys, stably, as Python's
+// sorted does (reverse keeps equal items in their order too).
+func sorted(items, keys []Value, reverse bool) (*List, error) {
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	var sortErr error
+	sort.SliceStable(order, func(i, j int) bool {
+		x, y := keys[order[i]], keys[order[j]]
 		if reverse {
 			x, y = y, x
 		}
@@ -977,45 +1055,11 @@ func dictsortFilter(c *call) (Value, error) {
 		}
 		return l
 	})
-	return pairs, sortErr
-}
-
-func minMaxFilter(isMin bool) callable {
-	return func(c *call) (Value, error) {
-		items, err := iterate(c.args[0])
-		if err != nil {
-			return nil, err
-		}
-		caseSensitive := truthy(c.arg(1, "case_sensitive", false))
-		attr := c.arg(2, "attribute", nil)
-		var best, bestKey Value = Undefined{"min"}, nil
-		for i, it := range items {
-			k := it
-			if attr != nil {
-				if k, err = getattrPath(it, str(attr)); err != nil {
-					return nil, err
-				}
-			}
-			if s, ok := k.(string); ok && !caseSensitive {
-				k = strings.ToLower(s)
-			}
-			if i > 0 {
-				x, y := k, bestKey
-				if !isMin {
-					x, y = y, x
-				}
-				l, err := less(x, y)
-				if err != nil {
-					return nil, err
-				}
-				if !l {
-					continue
-				}
-			}
-			best, bestKey = it, k
-		}
-		return best, nil
+	out := &List{Items: make([]Value, len(items))}
+	for i, j := range order {
+		out.Items[i] = items[j]
 	}
+	return out, sortErr
 }
 
 // pyFormat is str.format for plain fields: "{}", "{0}", "{name}", "{{"
@@ -1071,48 +1115,4 @@ func pyFormat(s string, c *call) (Value, error) {
 		b = appendStr(b, v)
 	}
 	return string(b), nil
-}
-
-func sortFilter(c *call) (Value, error) {
-	items, err := iterate(c.args[0])
-	if err != nil {
-		return nil, err
-	}
-	reverse := truthy(c.arg(1, "reverse", false))
-	caseSensitive := truthy(c.arg(2, "case_sensitive", false))
-	attr := c.arg(3, "attribute", nil)
-	keys := make([]Value, len(items))
-	for i, it := range items {
-		k := it
-		if attr != nil {
-			if k, err = getattrPath(it, str(attr)); err != nil {
-				return nil, err
-			}
-		}
-		if s, ok := plain(k).(string); ok && !caseSensitive {
-			k = strings.ToLower(s)
-		}
-		keys[i] = k
-	}
-	order := make([]int, len(items))
-	for i := range order {
-		order[i] = i
-	}
-	var sortErr error
-	sort.SliceStable(order, func(i, j int) bool {
-		x, y := keys[order[i]], keys[order[j]]
-		if reverse {
-			x, y = y, x
-		}
-		l, err := less(x, y)
-		if err != nil {
-			sortErr = err
-		}
-		return l
-	})
-	out := &List{Items: make([]Value, len(items))}
-	for i, j := range order {
-		out.Items[i] = items[j]
-	}
-	return out, sortErr
 }

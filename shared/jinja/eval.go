@@ -45,7 +45,6 @@ type loop struct {
 }
 
 type renderer struct {
-	t     *Template
 	root  *scope
 	out   []byte
 	steps int
@@ -150,6 +149,9 @@ func (r *renderer) forLoop(n *forNode, sc *scope) error {
 		// The filter sees each item, and loop counts only those it keeps.
 		kept := make([]Value, 0, len(items))
 		for _, it := range items {
+			if err := r.step(); err != nil {
+				return err
+			}
 			if err := bind(body, n.targets, it); err != nil {
 				return err
 			}
@@ -169,6 +171,9 @@ func (r *renderer) forLoop(n *forNode, sc *scope) error {
 	}
 	lp := &loop{items: items}
 	for i, it := range items {
+		if err := r.step(); err != nil {
+			return err
+		}
 		lp.i = i
 		// Each pass starts afresh: what a pass sets is gone by the next,
 		// as in Jinja2.
@@ -279,24 +284,21 @@ func (r *renderer) eval(x expr, sc *scope) (Value, error) {
 		}
 		return r.call(fn, c)
 	case *filterExpr:
-		f, ok := filters[x.name]
-		if !ok {
+		if x.f == nil {
 			return nil, errors("no filter named " + strconv.Quote(x.name))
 		}
 		v, err := r.eval(x.x, sc)
 		if err != nil {
 			return nil, err
 		}
-		c, err := r.callArgs(x.args, x.kw, sc)
+		c, err := r.callArgs(x.args, x.kw, sc, v)
 		if err != nil {
 			return nil, err
 		}
 		c.name = x.name
-		c.args = append([]Value{v}, c.args...)
-		return f(c)
+		return x.f(c)
 	case *testExpr:
-		t, ok := tests[x.name]
-		if !ok {
+		if x.t == nil {
 			return nil, errors("no test named " + strconv.Quote(x.name))
 		}
 		v, err := r.eval(x.x, sc)
@@ -309,7 +311,7 @@ func (r *renderer) eval(x expr, sc *scope) (Value, error) {
 				return nil, err
 			}
 		}
-		ok, err = t(v, args)
+		ok, err := x.t(v, args)
 		if err != nil {
 			return nil, err
 		}
@@ -407,14 +409,17 @@ func (r *renderer) eval(x expr, sc *scope) (Value, error) {
 	return nil, errors("unknown expression")
 }
 
-func (r *renderer) callArgs(args []expr, kw []kwarg, sc *scope) (*call, error) {
-	c := &call{r: r, args: make([]Value, len(args))}
-	for i, a := range args {
+// callArgs evaluates a call's arguments; a filter's input, when it has
+// one, goes first.
+func (r *renderer) callArgs(args []expr, kw []kwarg, sc *scope, input ...Value) (*call, error) {
+	c := &call{r: r, args: make([]Value, len(input), len(input)+len(args))}
+	copy(c.args, input)
+	for _, a := range args {
 		v, err := r.eval(a, sc)
 		if err != nil {
 			return nil, err
 		}
-		c.args[i] = v
+		c.args = append(c.args, v)
 	}
 	for _, k := range kw {
 		v, err := r.eval(k.x, sc)

@@ -7,9 +7,10 @@
 //
 // It is the general path for templates kvroute has no fast renderer for.
 // It links no fmt, so it runs in the Wasm filter. What it does not support
-// (template inheritance, includes, call blocks, recursive loops, filters no
-// chat template uses) fails when the template is parsed, never with a
-// silently different render.
+// (template inheritance, includes, call blocks, recursive loops) fails when
+// the template is parsed; a filter or test it has not fails when parsed or,
+// inside an if, when reached, as in Jinja2. Never a silently different
+// render.
 package jinja
 
 import (
@@ -150,7 +151,7 @@ func (t *Template) Render(dst []byte, vars *Dict, opts *Options) (out []byte, er
 			}
 		}
 	}
-	r := &renderer{t: t, root: root, out: dst, opts: opts}
+	r := &renderer{root: root, out: dst, opts: opts}
 	defer func() {
 		// A bug here must cost a render, not the worker's VM.
 		if p := recover(); p != nil {

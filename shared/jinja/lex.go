@@ -291,7 +291,13 @@ func unquote(s string) (string, int, error) {
 			b.WriteByte(11)
 		case '\n':
 		case 'x', 'u', 'U':
-			n := map[byte]int{'x': 2, 'u': 4, 'U': 8}[e]
+			n := 2
+			switch e {
+			case 'u':
+				n = 4
+			case 'U':
+				n = 8
+			}
 			if i+n >= len(s) {
 				return "", 0, errors("truncated escape in string literal")
 			}

@@ -68,12 +68,14 @@ type (
 	filterExpr struct {
 		x    expr
 		name string
+		f    callable // resolved when parsed, as Jinja2 does; nil: unknown
 		args []expr
 		kw   []kwarg
 	}
 	testExpr struct {
 		x      expr
 		name   string
+		t      test // resolved when parsed; nil: unknown
 		args   []expr
 		negate bool
 	}
@@ -106,6 +108,10 @@ type kwarg struct {
 type parser struct {
 	toks []token
 	i    int
+	// inIf counts the if statements being parsed. Inside one, Jinja2
+	// defers an unknown filter or test to when it is reached (templates
+	// guard filters other engines add), so the parser does too.
+	inIf int
 }
 
 func (p *parser) peek() token { return p.toks[p.i] }
@@ -248,6 +254,8 @@ func (p *parser) statement(kw string, line int) (node, error) {
 }
 
 func (p *parser) ifStmt(line int) (node, error) {
+	p.inIf++
+	defer func() { p.inIf-- }()
 	n := &ifNode{line: line}
 	for {
 		cond, err := p.expr()
@@ -296,12 +304,13 @@ func (p *parser) forStmt(line int) (node, error) {
 	}
 	p.i++
 	var err error
-	if n.iter, err = p.ternaryless(); err != nil {
+	// The iterable and the filter take no conditional expression.
+	if n.iter, err = p.or(); err != nil {
 		return nil, err
 	}
 	if p.isName("if") {
 		p.i++
-		if n.cond, err = p.ternaryless(); err != nil {
+		if n.cond, err = p.or(); err != nil {
 			return nil, err
 		}
 	}
@@ -366,15 +375,9 @@ func (p *parser) setStmt(line int) (node, error) {
 // filterStmt parses {% filter name(args)|more %}...{% endfilter %}: the
 // filters apply to the body's output, which they read as filterInput.
 func (p *parser) filterStmt(line int) (node, error) {
-	name, err := p.dottedName()
+	f, err := p.filter(&nameRef{filterInput})
 	if err != nil {
 		return nil, err
-	}
-	f := &filterExpr{x: &nameRef{filterInput}, name: name}
-	if p.isOp("(") {
-		if f.args, f.kw, err = p.args(); err != nil {
-			return nil, err
-		}
 	}
 	x, err := p.filters(f)
 	if err != nil {
@@ -477,10 +480,6 @@ func (p *parser) expr() (expr, error) {
 	}
 	return c, nil
 }
-
-// ternaryless parses an expression without a conditional, for a for
-// loop's iterable and filter.
-func (p *parser) ternaryless() (expr, error) { return p.or() }
 
 func (p *parser) or() (expr, error) {
 	l, err := p.and()
@@ -816,15 +815,9 @@ func (p *parser) filters(x expr) (expr, error) {
 	for {
 		switch {
 		case p.accept("|"):
-			name, err := p.dottedName()
+			f, err := p.filter(x)
 			if err != nil {
 				return nil, err
-			}
-			f := &filterExpr{x: x, name: name}
-			if p.isOp("(") {
-				if f.args, f.kw, err = p.args(); err != nil {
-					return nil, err
-				}
 			}
 			x = f
 		case p.isName("is"):
@@ -834,11 +827,15 @@ func (p *parser) filters(x expr) (expr, error) {
 				p.i++
 				t.negate = true
 			}
+			line := p.peek().line
 			name, err := p.dottedName()
 			if err != nil {
 				return nil, err
 			}
 			t.name = name
+			if t.t = tests[name]; t.t == nil && p.inIf == 0 {
+				return nil, errAt(line, "no test named "+strconv.Quote(name))
+			}
 			switch nt := p.peek(); {
 			case p.isOp("("):
 				var kw []kwarg
@@ -863,6 +860,25 @@ func (p *parser) filters(x expr) (expr, error) {
 			return x, nil
 		}
 	}
+}
+
+// filter parses a filter's name and arguments, applied to x.
+func (p *parser) filter(x expr) (*filterExpr, error) {
+	line := p.peek().line
+	name, err := p.dottedName()
+	if err != nil {
+		return nil, err
+	}
+	f := &filterExpr{x: x, name: name, f: filters[name]}
+	if f.f == nil && p.inIf == 0 {
+		return nil, errAt(line, "no filter named "+strconv.Quote(name))
+	}
+	if p.isOp("(") {
+		if f.args, f.kw, err = p.args(); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
 }
 
 func (p *parser) dottedName() (string, error) {

@@ -75,6 +75,14 @@ SNIPPETS = {
     "loop_prev_next": "{% for x in 'abc' %}{{ loop.previtem }}{{ x }}{{ loop.nextitem }}{{ loop.cycle('o', 'e') }};{% endfor %}",
     "not_precedence": "{{ not true and false }}{{ not (true and false) }}{{ 1 if not none else 2 }}",
     "filter_on_neg": "{{ -1|abs }}{{ (1 - 3)|abs }}",
+    "tojson_positional": "{{ 'é'|tojson(true) }}|{{ [1]|tojson(false, 2) }}",
+    "reverse_is_iterator": "{{ [1, 2]|reverse is sequence }}{{ [1, 2]|reverse is iterable }}{{ [1, 2]|reverse|list }}{{ 'ab'|reverse }}",
+    "reverse_not_json": "{{ [1, 2]|reverse|tojson }}",
+    "unknown_filter": "{{ 1|no_such_filter }}",
+    "unknown_test": "{{ 1 is no_such_test }}",
+    "unknown_filter_in_if": "{% if false %}{{ 1|no_such_filter }}{{ 2 is no_such_test }}{% endif %}ok",
+    "unknown_test_reached": "{% if x %}{{ 1 is no_such_test }}{% endif %}",
+    "sort_min_max": "{{ ['b', 'A', 'c']|sort }}{{ ['b', 'A', 'c']|sort(true) }}{{ [{'n': 2}, {'n': 1}]|sort(attribute='n') }}{{ ['b', 'A']|min }}{{ [3, 1, 2]|max }}{{ {'b': 1, 'A': 2}|dictsort }}{{ {'a': 2, 'b': 1}|dictsort(by='value', reverse=true) }}",
 }
 
 
