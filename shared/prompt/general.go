@@ -90,6 +90,13 @@ var generals = map[Template]*general{
 	Hermes:         {file: "hermes.jinja", special: map[string]string{"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}},
 }
 
+// maxSteps bounds a render's statements and loop passes. A real
+// conversation takes a few dozen per message (a 10,000-message chat some
+// 300,000); a body of tens of thousands of empty messages would otherwise
+// hold a worker for seconds under Wasm (about 1.3 s per MiB with
+// DeepSeek-V3.1's template), and is refused instead.
+const maxSteps = 1 << 20
+
 // template parses the embedded template once per process.
 func (g *general) template() (*Jinja, error) {
 	g.once.Do(func() {
@@ -105,7 +112,8 @@ func (r *Renderer) generalChat(dst []byte, t Template) ([]byte, error) {
 	j := r.Custom
 	switch {
 	case t == Custom && j == nil:
-		return dst, errors.New("prompt: the custom template has no source")
+		// A snapshot may name it for a model; this renderer has no source.
+		return dst, unsupported("the custom template, for which this renderer has no source")
 	case t != Custom:
 		g, ok := generals[t]
 		if !ok {
@@ -120,7 +128,7 @@ func (r *Renderer) generalChat(dst []byte, t Template) ([]byte, error) {
 	if err != nil {
 		return dst, err
 	}
-	out, err := j.t.Render(dst, vars, &jinja.Options{Now: r.Now})
+	out, err := j.t.Render(dst, vars, &jinja.Options{Now: r.Now, MaxSteps: maxSteps})
 	if err != nil {
 		var je *jinja.Error
 		if errors.As(err, &je) {
@@ -165,7 +173,7 @@ func (r *Renderer) variables(j *Jinja) (*jinja.Dict, error) {
 		vars.Set(k, v)
 	}
 	if r.req.kwargs.ok {
-		kw, err := r.jsonValue(r.sub(r.req.kwargs), 1)
+		kw, err := jsonValue(r.sub(r.req.kwargs), 1)
 		if err != nil {
 			return nil, err
 		}
@@ -205,7 +213,7 @@ func (r *Renderer) messageValue(m *message, i int, parts bool) (jinja.Value, err
 	}
 	switch {
 	case m.role == roleAssistant && m.calls.ok:
-		calls, err := r.jsonValue(r.sub(m.calls), 3)
+		calls, err := jsonValue(r.sub(m.calls), 3)
 		if err != nil {
 			return nil, err
 		}
@@ -276,9 +284,8 @@ func parseArguments(calls jinja.Value) error {
 
 // parseJSONText parses a JSON document held in a string.
 func parseJSONText(text string) (jinja.Value, error) {
-	var r Renderer
 	s := &scanner{b: []byte(text)}
-	v, err := r.jsonValue(s, 4)
+	v, err := jsonValue(s, 4)
 	if err == nil && !s.atEnd() {
 		err = ErrInvalidJSON
 	}
@@ -289,7 +296,7 @@ func parseJSONText(text string) (jinja.Value, error) {
 // with name, description and parameters first (None when absent), then the
 // tool's other members.
 func (r *Renderer) toolValue(tool raw) (jinja.Value, error) {
-	v, err := r.jsonValue(r.sub(tool), 2)
+	v, err := jsonValue(r.sub(tool), 2)
 	if err != nil {
 		return nil, err
 	}
@@ -323,13 +330,13 @@ func (r *Renderer) toolValue(tool raw) (jinja.Value, error) {
 }
 
 // jsonValue reads the JSON value at s as Python's json.loads would.
-func (r *Renderer) jsonValue(s *scanner, depth int) (jinja.Value, error) {
+func jsonValue(s *scanner, depth int) (jinja.Value, error) {
 	switch c := s.ws(); c {
 	case '{':
 		d := jinja.NewDict(4)
 		err := s.object(depth, func(key str) error {
 			k := string(s.appendStr(nil, key))
-			v, err := r.jsonValue(s, depth+1)
+			v, err := jsonValue(s, depth+1)
 			d.Set(k, v)
 			return err
 		})
@@ -337,7 +344,7 @@ func (r *Renderer) jsonValue(s *scanner, depth int) (jinja.Value, error) {
 	case '[':
 		l := jinja.NewList()
 		err := s.array(depth, func() error {
-			v, err := r.jsonValue(s, depth+1)
+			v, err := jsonValue(s, depth+1)
 			l.Items = append(l.Items, v)
 			return err
 		})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -128,7 +129,21 @@ func TestCustomMatchesEmbedded(t *testing.T) {
 	if j, _ := ParseJinja("{{ bos_token }}", map[string]string{"bos_token": "<s>"}); names[j.Name()] || len(j.Name()) != len(CustomPrefix)+16 {
 		t.Errorf("name %q", j.Name())
 	}
-	if _, err := Render(nil, []byte(`{"messages":[{"role":"user","content":"x"}]}`), Custom); err == nil {
-		t.Error("Custom rendered without a source")
+	if _, err := Render(nil, []byte(`{"messages":[{"role":"user","content":"x"}]}`), Custom); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("Custom without a source: %v, want ErrUnsupported", err)
+	}
+}
+
+// A body of tens of thousands of empty messages runs out of the general
+// path's budget and is refused, rather than holding the worker; a long
+// real conversation does not.
+func TestGeneralPathBudget(t *testing.T) {
+	hostile := `{"messages":[` + strings.Repeat(`{"role":"user","content":""},`, 200_000) + `{"role":"user","content":"x"}]}`
+	if _, err := Render(nil, []byte(hostile), DeepSeekV31); !errors.Is(err, ErrTemplate) || !strings.Contains(err.Error(), "budget") {
+		t.Errorf("200,000 empty messages: %v, want ErrTemplate for the budget", err)
+	}
+	long := chatBody(8<<20, true) // 8,000 turns of 1 KiB
+	if _, err := Render(nil, long, DeepSeekV31); err != nil {
+		t.Errorf("8 MiB of real turns: %v", err)
 	}
 }
