@@ -38,16 +38,14 @@ import (
 // Daemon is a configured cachesync, listening but not yet running.
 type Daemon struct {
 	cfg    Config
+	log    *slog.Logger
+	reg    *prometheus.Registry
+	ix     *index.Index
+	svc    *service.Server
+	ln     net.Listener
+	vocab  *vocab.Vocab
+	source discovery.Source
 	custom *prompt.Jinja // -chat-template-file
-	// warnedCustom is the unknown custom template last warned about.
-	warnedCustom string
-	log          *slog.Logger
-	reg          *prometheus.Registry
-	ix           *index.Index
-	svc          *service.Server
-	ln           net.Listener
-	vocab        *vocab.Vocab
-	source       discovery.Source
 
 	scrapes       chan scrape.State
 	discovered    chan struct{}
@@ -57,6 +55,8 @@ type Daemon struct {
 	// warnedTemplates is the set of differing gateway templates last
 	// warned about.
 	warnedTemplates []prompt.Template
+	// warnedCustom is the unknown custom template last warned about.
+	warnedCustom string
 
 	mu      sync.Mutex // guards engines and scraper for the metrics collector
 	engines map[string]*engine

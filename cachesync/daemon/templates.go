@@ -156,7 +156,9 @@ func (d *Daemon) applyCheck(ctx context.Context, res checkResult) {
 	}
 	tc.rendering = res.rendering
 	tc.renders = prompt.Plain
-	if m := verify.Matching(res.rendering, d.custom); len(m) > 0 {
+	// Named templates only: gateways on auto render each model with
+	// what its engines render, and none of them holds a custom source.
+	if m := verify.Matching(res.rendering); len(m) > 0 {
 		tc.renders = m[0]
 	}
 	tc.against = nil // evaluate afresh

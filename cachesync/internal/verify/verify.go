@@ -288,16 +288,11 @@ func Compare(r *Rendering, t prompt.Template, custom *prompt.Jinja) Agreement {
 	return a
 }
 
-// Matching returns the templates whose renders agree with r, prompt.Custom
-// last when custom is set.
-func Matching(r *Rendering, custom *prompt.Jinja) []prompt.Template {
-	ts := prompt.Templates()
-	if custom != nil {
-		ts = append(ts, prompt.Custom)
-	}
+// Matching returns the named templates whose renders agree with r.
+func Matching(r *Rendering) []prompt.Template {
 	var out []prompt.Template
-	for _, t := range ts {
-		if Compare(r, t, custom).Agrees() {
+	for _, t := range prompt.Templates() {
+		if Compare(r, t, nil).Agrees() {
 			out = append(out, t)
 		}
 	}

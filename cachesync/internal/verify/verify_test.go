@@ -48,22 +48,37 @@ func startSim(t *testing.T, model, template string) *vllmsim.Engine {
 	return e
 }
 
+// Each template agrees with an engine serving it, and only with it. The
+// general path's families are served from their real source, as an engine
+// given --chat-template would.
 func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
 	v := loadVocab(t)
 	tests := []struct {
-		model string
-		want  prompt.Template
+		model   string
+		want    prompt.Template
+		general bool // the engine is given the template's source
 	}{
-		{"Qwen/Qwen2.5-7B-Instruct", prompt.ChatML},
-		{"meta-llama/Llama-3.1-8B-Instruct", prompt.Llama3},
-		{"mistralai/Mistral-Nemo-Instruct-2407", prompt.Mistral},
-		{"google/gemma-3-4b-it", prompt.Gemma},
-		{"Qwen/Qwen3-32B", prompt.Qwen3},
-		{"meta-llama/Llama-3.2-3B-Instruct", prompt.Llama32}, // today's date, on the engine's clock
+		{"Qwen/Qwen2.5-7B-Instruct", prompt.ChatML, false},
+		{"meta-llama/Llama-3.1-8B-Instruct", prompt.Llama3, false},
+		{"mistralai/Mistral-Nemo-Instruct-2407", prompt.Mistral, false},
+		{"google/gemma-3-4b-it", prompt.Gemma, false},
+		{"Qwen/Qwen3-32B", prompt.Qwen3, false},
+		{"meta-llama/Llama-3.2-3B-Instruct", prompt.Llama32, false}, // today's date, on the engine's clock
+		{"deepseek-ai/DeepSeek-V3.1", prompt.DeepSeekV31, true},
+		{"deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", prompt.DeepSeekR1, true},
+		{"openai/gpt-oss-120b", prompt.GptOss, true},
+		{"mistralai/Mistral-Small-3.2-24B-Instruct-2506", prompt.MistralSmall32, true},
+		{"microsoft/Phi-3.5-mini-instruct", prompt.Phi35, true},
+		{"ibm-granite/granite-3.3-8b-instruct", prompt.Granite33, true},
+		{"NousResearch/Hermes-3-Llama-3.1-8B", prompt.Hermes, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want.String(), func(t *testing.T) {
-			e := startSim(t, tt.model, "")
+			spec := ""
+			if tt.general {
+				spec = templateSource(t, tt.want)
+			}
+			e := startSim(t, tt.model, spec)
 			r, err := Fetch(context.Background(), http.DefaultClient, e.URL(), tt.model, v)
 			if err != nil {
 				t.Fatal(err)
@@ -73,75 +88,48 @@ func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
 				t.Fatalf("own template: %v", a)
 			}
 			// Every probe a template family supports must have been
-			// compared, or the set proves less than it claims.
-			if refused := len(Probes) - a.Compared; refused > 1 {
+			// compared, or the set proves less than it claims. Hermes's
+			// tool-use template refuses every conversation without tools
+			// (Jinja2 too), so only the tools probe compares.
+			if refused := len(Probes) - a.Compared; refused > 1 && !(tt.want == prompt.Hermes && a.Compared == 1) {
 				t.Errorf("only %d of %d probes compared (refused: %q)", a.Compared, len(Probes), r.Refused)
 			}
-			if got := Matching(r, nil); !slices.Equal(got, []prompt.Template{tt.want}) {
+			if got := Matching(r); !slices.Equal(got, []prompt.Template{tt.want}) {
 				t.Errorf("Matching = %v, want only %v", got, tt.want)
 			}
 		})
 	}
 }
 
-// Engines started with the real templates of the general path's families
-// (their source as --chat-template): each agrees with its family only, and
-// with the same source given as a custom template.
-func TestGeneralTemplatesAgreeWithTheirEngines(t *testing.T) {
-	v := loadVocab(t)
-	tests := []struct {
-		model string
-		want  prompt.Template
-	}{
-		{"deepseek-ai/DeepSeek-V3.1", prompt.DeepSeekV31},
-		{"deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", prompt.DeepSeekR1},
-		{"openai/gpt-oss-120b", prompt.GptOss},
-		{"mistralai/Mistral-Small-3.2-24B-Instruct-2506", prompt.MistralSmall32},
-		{"microsoft/Phi-3.5-mini-instruct", prompt.Phi35},
-		{"ibm-granite/granite-3.3-8b-instruct", prompt.Granite33},
-		{"NousResearch/Hermes-3-Llama-3.1-8B", prompt.Hermes},
+func templateSource(t *testing.T, tmpl prompt.Template) string {
+	t.Helper()
+	src, err := os.ReadFile("../../../shared/prompt/templates/" + tmpl.String() + ".jinja")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.want.String(), func(t *testing.T) {
-			src, err := os.ReadFile("../../../shared/prompt/templates/" + tt.want.String() + ".jinja")
-			if err != nil {
-				t.Fatal(err)
-			}
-			e := startSim(t, tt.model, string(src))
-			r, err := Fetch(context.Background(), http.DefaultClient, e.URL(), tt.model, v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a := Compare(r, tt.want, nil)
-			if !a.Agrees() {
-				t.Fatalf("own template: %v", a)
-			}
-			t.Logf("%d of %d probes compared, refused: %q", a.Compared, len(Probes), r.Refused)
-			// Hermes's tool-use template refuses a conversation without
-			// tools (Jinja2 too), so only the tools probe compares.
-			if least := 4; a.Compared < least && !(tt.want == prompt.Hermes && a.Compared == 1) {
-				t.Errorf("only %d probes compared", a.Compared)
-			}
-			if got := Matching(r, nil); !slices.Equal(got, []prompt.Template{tt.want}) {
-				t.Errorf("Matching = %v, want only %v", got, tt.want)
-			}
-			if tt.want != prompt.DeepSeekV31 {
-				return
-			}
-			// The same source as a gateway's custom template agrees too;
-			// without its special tokens it does not.
-			j, err := prompt.ParseJinja(string(src), map[string]string{"bos_token": "<｜begin▁of▁sentence｜>"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := Matching(r, j); !slices.Equal(got, []prompt.Template{tt.want, prompt.Custom}) {
-				t.Errorf("Matching with the custom template = %v", got)
-			}
-			bare, _ := prompt.ParseJinja(string(src), nil)
-			if a := Compare(r, prompt.Custom, bare); a.Agrees() || a.Common != len("<｜") {
-				t.Errorf("a custom template without its BOS: %v", a)
-			}
-		})
+	return string(src)
+}
+
+// A gateway's custom template agrees with an engine serving the same
+// source, and without the special token the template prints, does not.
+func TestCustomTemplateAgrees(t *testing.T) {
+	const model = "deepseek-ai/DeepSeek-V3.1"
+	src := templateSource(t, prompt.DeepSeekV31)
+	e := startSim(t, model, src)
+	r, err := Fetch(context.Background(), http.DefaultClient, e.URL(), model, loadVocab(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := prompt.ParseJinja(src, map[string]string{"bos_token": "<｜begin▁of▁sentence｜>"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := Compare(r, prompt.Custom, j); !a.Agrees() || a.Compared != len(Probes) {
+		t.Errorf("the custom template: %v", a)
+	}
+	bare, _ := prompt.ParseJinja(src, nil)
+	if a := Compare(r, prompt.Custom, bare); a.Agrees() || a.Common != len("<｜") {
+		t.Errorf("a custom template without its BOS: %v", a)
 	}
 }
 
@@ -168,7 +156,7 @@ func TestDisagreementNamesTheFirstDifference(t *testing.T) {
 	if s := a.String(); !strings.Contains(s, "probe user after 2 bytes") {
 		t.Errorf("String() = %q", s)
 	}
-	if got := Matching(r, nil); !slices.Equal(got, []prompt.Template{prompt.Llama3}) {
+	if got := Matching(r); !slices.Equal(got, []prompt.Template{prompt.Llama3}) {
 		t.Errorf("Matching = %v, want [llama3]", got)
 	}
 }
