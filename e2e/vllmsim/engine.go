@@ -587,6 +587,9 @@ func (e *Engine) complete(plan []work, end float64) {
 		}
 	}
 	e.publish(e.sched.pool.takeEvents())
+	// As vLLM makes its scheduler stats after applying a step's outputs: a
+	// client that has read its last token never scrapes itself running.
+	m.step(e.sched)
 }
 
 // finish takes r out of the engine and closes its stream. Callers hold e.mu.
