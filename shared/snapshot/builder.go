@@ -154,6 +154,10 @@ type Builder struct {
 	deltaEntries int
 	deltaChanged bool
 
+	templates        []ChatTemplate // sorted by model
+	templatesPart    []byte         // nil while there are none
+	templatesChanged bool
+
 	enc    encoder
 	ents   []tableEntry
 	spare  []tableEntry
@@ -379,16 +383,27 @@ func (b *Builder) Build(now time.Time) *Image {
 	if b.delta == nil || b.deltaChanged {
 		b.encodeDelta(gen)
 	}
+	if b.templatesChanged {
+		b.templatesPart = nil
+		if len(b.templates) > 0 {
+			b.templatesPart = appendTemplates(nil, gen, b.templates)
+		}
+		b.templatesChanged = false
+	}
 	b.dirtyAfter = b.dirty
 	b.built = true
 
-	im := &Image{gen: gen, delta: b.delta, shards: make([][]byte, len(b.shards))}
+	im := &Image{gen: gen, delta: b.delta, templates: b.templatesPart, shards: make([][]byte, len(b.shards))}
 	refs := make([]ref, len(b.shards))
 	for i := range b.shards {
 		im.shards[i] = b.shards[i].part
 		refs[i] = partRef(b.shards[i].part, b.shards[i].n)
 	}
-	im.manifest = appendManifest(nil, gen, now, b.bpt, b.shardBits, partRef(b.delta, b.deltaEntries), refs, b.eps)
+	var tref ref
+	if b.templatesPart != nil {
+		tref = partRef(b.templatesPart, len(b.templates))
+	}
+	im.manifest = appendManifest(nil, gen, now, b.bpt, b.shardBits, partRef(b.delta, b.deltaEntries), tref, refs, b.eps)
 	b.gen = gen
 	return im
 }

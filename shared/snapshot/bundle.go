@@ -17,10 +17,11 @@ const (
 // shard. Builder.Build makes it; it never changes afterwards and is safe
 // for concurrent use, so cachesync can serve it while building the next.
 type Image struct {
-	gen      uint64
-	manifest []byte
-	delta    []byte
-	shards   [][]byte
+	gen       uint64
+	manifest  []byte
+	delta     []byte
+	templates []byte // nil when there are none
+	shards    [][]byte
 }
 
 // Generation returns the image's generation.
@@ -31,7 +32,7 @@ func (im *Image) Manifest() (*Manifest, error) { return ParseManifest(im.manifes
 
 // Size returns the bytes of all parts: what a reader holds in memory.
 func (im *Image) Size() int {
-	n := len(im.manifest) + len(im.delta)
+	n := len(im.manifest) + len(im.delta) + len(im.templates)
 	for _, s := range im.shards {
 		n += len(s)
 	}
@@ -50,6 +51,9 @@ func (im *Image) AppendBundle(dst []byte, since uint64) []byte {
 	parts = append(parts, im.manifest)
 	if since == 0 || le.Uint64(im.delta[8:]) > since {
 		parts = append(parts, im.delta)
+	}
+	if im.templates != nil && (since == 0 || le.Uint64(im.templates[8:]) > since) {
+		parts = append(parts, im.templates)
 	}
 	for _, s := range im.shards {
 		if since == 0 || le.Uint64(s[8:]) > since {
@@ -128,6 +132,21 @@ func ParseBundle(b []byte) (*Bundle, error) {
 			bd.m, mdata = m, data
 			continue
 		}
+		if len(data) > 6 && Kind(data[6]) == KindTemplates {
+			t, err := parseTemplates(data)
+			if err != nil {
+				return nil, err
+			}
+			if seen[-2] {
+				return nil, corrupt("bundle: duplicate templates")
+			}
+			seen[-2] = true
+			if !t.ref.same(bd.m.templates) {
+				return nil, inconsistent("bundle: templates differ from the manifest")
+			}
+			bd.parts = append(bd.parts, Part{Kind: KindTemplates, Data: data})
+			continue
+		}
 		k := KindShard
 		if len(data) > 6 && Kind(data[6]) == KindDelta {
 			k = KindDelta
@@ -157,6 +176,9 @@ func ParseBundle(b []byte) (*Bundle, error) {
 	}
 	if (since == 0 || bd.m.delta.gen > since) && !seen[-1] {
 		return nil, corrupt("bundle: delta missing")
+	}
+	if bd.m.templates.gen != 0 && (since == 0 || bd.m.templates.gen > since) && !seen[-2] {
+		return nil, corrupt("bundle: templates missing")
 	}
 	for i := 0; i < bd.m.NumShards(); i++ {
 		if (since == 0 || bd.m.shardRef(i).gen > since) && !seen[i] {
@@ -194,12 +216,17 @@ func (b *Bundle) Complete(held *Manifest) error {
 		switch p.Kind {
 		case KindDelta:
 			have[-1] = true
+		case KindTemplates:
+			have[-2] = true
 		case KindShard:
 			have[p.Shard] = true
 		}
 	}
 	if !have[-1] && !held.delta.same(b.m.delta) {
 		return inconsistent("bundle: the delta it leaves out is not the one held")
+	}
+	if !have[-2] && b.m.templates.gen != 0 && !held.templates.same(b.m.templates) {
+		return inconsistent("bundle: the templates it leaves out are not the ones held")
 	}
 	for i := 0; i < b.m.NumShards(); i++ {
 		if !have[i] && !held.shardRef(i).same(b.m.shardRef(i)) {

@@ -27,8 +27,8 @@
 //
 //	off  size  field
 //	0    4     magic "KVRS"
-//	4    2     format version, 3
-//	6    1     kind: 1 manifest, 2 shard, 3 delta
+//	4    2     format version, 5
+//	6    1     kind: 1 manifest, 2 shard, 3 delta, 4 templates
 //	7    1     reserved, 0
 //	8    8     generation at which the part was written
 //	16   4     length of the part in bytes, header and checksum included
@@ -73,7 +73,8 @@
 //	48   4     string bytes T
 //	52   4     bytes of prompt text a token stands for, float32; 0 unknown
 //	56   24    delta reference
-//	80   24·2^S shard references, by index
+//	80   24    templates reference; all zero when there are none
+//	104  24·2^S shard references, by index
 //	     96E   endpoint rows, by slot
 //	     8M    names: uint32 offset into strings, uint16 length,
 //	           uint8 kind (0 model, 1 LoRA adapter), reserved byte
@@ -112,13 +113,28 @@
 //	80   8     ITL coefficients, 2 float32, likewise
 //	88   8     reserved, 0
 //
+// The templates body (the chat templates of models whose engines render
+// with a template kvroute has no name for, an endpoint's template byte
+// prompt.Custom; what gateways on chat_template auto render those models
+// with):
+//
+//	24   4     template count N, at most 64
+//	28   4     reserved, 0
+//	32   ...   N templates sorted by model, each: the model name, the Jinja
+//	           source, a uint32 count of special tokens and each one's
+//	           name and value sorted by name; every string a uint32
+//	           length and its bytes
+//
+// The part is written only when the templates change, so a fetcher copies
+// it once, not every interval.
+//
 // The head, stored under Keys.Head, is "KVRH", the version (uint16), two
 // reserved bytes, the manifest's generation and its checksum: 24 bytes.
 //
 // A bundle, the body of the HTTP response a fetcher gets from cachesync:
 //
 //	0    4     magic "KVRB"
-//	4    2     format version, 3
+//	4    2     format version, 5
 //	6    2     reserved, 0
 //	8    8     generation
 //	16   8     since: the generation it brings a fetcher up from; 0 for full

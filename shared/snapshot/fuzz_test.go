@@ -22,6 +22,13 @@ func FuzzParse(f *testing.F) {
 		f.Add(im.AppendBundle(nil, 0))
 	}
 	f.Add(second.AppendBundle(nil, first.Generation()))
+	tb := newBuilder(f, BuilderConfig{ShardBits: 1}, 1)
+	if err := tb.SetChatTemplates([]ChatTemplate{qwenLike}); err != nil {
+		f.Fatal(err)
+	}
+	withTemplates := tb.Build(epoch)
+	f.Add(withTemplates.templates)
+	f.Add(withTemplates.AppendBundle(nil, 0))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, raw := range [][]byte{b, resealAny(b)} {
 			if m, err := ParseManifest(raw); err == nil {
@@ -32,11 +39,22 @@ func FuzzParse(f *testing.F) {
 					readTable(t, &tb, k, raw, tb.check(k == KindDelta) == nil)
 				}
 			}
+			if ts, err := parseTemplates(raw); err == nil {
+				for i, p := 0, ts.body; i < ts.n; i++ {
+					var e templateEntry
+					if p, e, err = nextTemplate(p); err != nil {
+						t.Fatalf("templates accepted an entry it cannot read: %v", err)
+					}
+					if _, ok := ts.lookup(e.model); !ok {
+						t.Fatalf("template %q listed but not found", e.model)
+					}
+				}
+			}
 			if bd, err := ParseBundle(raw); err == nil {
 				readManifest(bd.Manifest())
 				_ = bd.Complete(bd.Manifest())
 				for _, p := range bd.Parts() {
-					if p.Kind != KindManifest {
+					if p.Kind != KindManifest && p.Kind != KindTemplates {
 						tb, err := parseTableFull(p.Data, p.Kind)
 						if err != nil {
 							t.Fatalf("bundle accepted a part its parser refuses: %v", err)

@@ -10,7 +10,7 @@ import (
 )
 
 const (
-	manifestFixed = 80 // header, fixed fields and the delta reference
+	manifestFixed = 104 // header, fixed fields, the delta and templates references
 	endpointSize  = 96
 	nameSize      = 8
 )
@@ -25,6 +25,7 @@ type Manifest struct {
 	shardBits uint8
 	n, m      int
 	delta     ref
+	templates ref    // zero when the snapshot ships no chat templates
 	shards    []byte // refSize per shard
 	eps       []byte // endpointSize per endpoint
 	names     []byte // nameSize per distinct name
@@ -67,7 +68,7 @@ func (m *Manifest) parse(b []byte) error {
 	if size != uint64(len(b)) {
 		return corrupt("manifest: size does not match its counts")
 	}
-	*m = Manifest{ref: partRef(b, int(n)), created: int64(le.Uint64(b[24:])), bpt: bpt, shardBits: bits, n: int(n), m: int(nm), delta: readRef(b[56:])}
+	*m = Manifest{ref: partRef(b, int(n)), created: int64(le.Uint64(b[24:])), bpt: bpt, shardBits: bits, n: int(n), m: int(nm), delta: readRef(b[56:]), templates: readRef(b[80:])}
 	m.ref.gen = gen
 	p := b[manifestFixed : len(b)-trailerSize]
 	m.shards, p = p[:refSize*shards], p[refSize*shards:]
@@ -78,8 +79,11 @@ func (m *Manifest) parse(b []byte) error {
 }
 
 func (m *Manifest) check() error {
-	if m.delta.gen > m.ref.gen {
-		return corrupt("manifest: delta newer than the manifest")
+	if m.delta.gen > m.ref.gen || m.templates.gen > m.ref.gen {
+		return corrupt("manifest: delta or templates newer than the manifest")
+	}
+	if (m.templates.gen == 0) != (m.templates == ref{}) {
+		return corrupt("manifest: templates reference without a generation")
 	}
 	for i := 0; i < m.NumShards(); i++ {
 		if m.shardRef(i).gen > m.ref.gen {
@@ -300,7 +304,7 @@ func (e Endpoint) KVCacheUsage() float64 { return float64(math.Float32frombits(l
 func (e Endpoint) PrefillRate() float64 { return float64(math.Float32frombits(le.Uint32(e.r[44:]))) }
 
 // appendManifest encodes a manifest.
-func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shardBits uint8, delta ref, shards []ref, eps []epState) []byte {
+func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shardBits uint8, delta, templates ref, shards []ref, eps []epState) []byte {
 	type nameKey struct {
 		s       string
 		adapter bool
@@ -350,6 +354,7 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 	}
 	dst = le.AppendUint32(dst, math.Float32bits(bpt))
 	dst = appendRef(dst, delta)
+	dst = appendRef(dst, templates)
 	for _, r := range shards {
 		dst = appendRef(dst, r)
 	}

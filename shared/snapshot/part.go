@@ -12,7 +12,7 @@ import (
 
 // Version is the format version this package writes and the only one it
 // reads.
-const Version = 4
+const Version = 5
 
 const (
 	partMagic   = "KVRS"
@@ -27,9 +27,10 @@ type Kind uint8
 
 // The kinds of part.
 const (
-	KindManifest Kind = 1 // header, endpoint table and the references to every other part
-	KindShard    Kind = 2 // the prefix index for one hash range, as of its last compaction
-	KindDelta    Kind = 3 // index entries changed since their shard's last compaction
+	KindManifest  Kind = 1 // header, endpoint table and the references to every other part
+	KindShard     Kind = 2 // the prefix index for one hash range, as of its last compaction
+	KindDelta     Kind = 3 // index entries changed since their shard's last compaction
+	KindTemplates Kind = 4 // the chat templates of models the engines render with no template kvroute names
 )
 
 // String returns the kind's name.
@@ -41,6 +42,8 @@ func (k Kind) String() string {
 		return "shard"
 	case KindDelta:
 		return "delta"
+	case KindTemplates:
+		return "templates"
 	}
 	return "kind(" + strconv.Itoa(int(k)) + ")"
 }

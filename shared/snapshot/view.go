@@ -15,13 +15,13 @@ const (
 // (generation and manifest checksum) that readers poll, the manifest, the
 // delta and one key per shard.
 type Keys struct {
-	prefix, head, manifest, delta string
-	shards                        []string
+	prefix, head, manifest, delta, templates string
+	shards                                   []string
 }
 
 // NewKeys returns the keys of the snapshot stored under prefix.
 func NewKeys(prefix string) *Keys {
-	return &Keys{prefix: prefix, head: prefix + "head", manifest: prefix + "manifest", delta: prefix + "delta"}
+	return &Keys{prefix: prefix, head: prefix + "head", manifest: prefix + "manifest", delta: prefix + "delta", templates: prefix + "templates"}
 }
 
 // Head returns the key of the head.
@@ -32,6 +32,9 @@ func (k *Keys) Manifest() string { return k.manifest }
 
 // Delta returns the key of the delta.
 func (k *Keys) Delta() string { return k.delta }
+
+// Templates returns the key of the chat templates.
+func (k *Keys) Templates() string { return k.templates }
 
 // Shard returns the key of shard i.
 func (k *Keys) Shard(i int) string {
@@ -48,6 +51,8 @@ func (k *Keys) Part(p Part) string {
 		return k.manifest
 	case KindDelta:
 		return k.delta
+	case KindTemplates:
+		return k.templates
 	}
 	return k.Shard(p.Shard)
 }
@@ -81,6 +86,7 @@ type View struct {
 	keys   *Keys
 	m      Manifest
 	delta  table
+	tmpl   templates
 	shards []table
 	spare  []table
 	shift  uint8
@@ -106,7 +112,7 @@ func (v *View) Size() int {
 	if !v.loaded {
 		return 0
 	}
-	n := int(v.m.ref.size) + int(v.delta.ref.size)
+	n := int(v.m.ref.size) + int(v.delta.ref.size) + int(v.tmpl.ref.size)
 	for i := range v.shards {
 		n += int(v.shards[i].ref.size)
 	}
@@ -178,6 +184,22 @@ func (v *View) Refresh(get func(key string) ([]byte, error)) (RefreshStats, erro
 			return st, err
 		}
 	}
+	tmpl := v.tmpl
+	switch {
+	case m.templates.gen == 0:
+		tmpl = templates{}
+	case !v.loaded || !tmpl.ref.same(m.templates):
+		b, err := read(v.keys.Templates())
+		if err != nil {
+			return st, err
+		}
+		if tmpl, err = parseTemplates(b); err != nil {
+			return st, &readError{v.keys.Templates(), err}
+		}
+		if !tmpl.ref.same(m.templates) {
+			return st, inconsistent(v.keys.Templates() + " is not the part the manifest lists")
+		}
+	}
 	shards := v.spare[:0]
 	for i := 0; i < m.NumShards(); i++ {
 		want := m.shardRef(i)
@@ -196,7 +218,7 @@ func (v *View) Refresh(get func(key string) ([]byte, error)) (RefreshStats, erro
 	}
 	v.spare, v.shards = v.shards, shards
 	clear(v.spare[:cap(v.spare)]) // drop references to replaced parts
-	v.m, v.delta, v.shift, v.loaded = m, delta, 64-m.shardBits, true
+	v.m, v.delta, v.tmpl, v.shift, v.loaded = m, delta, tmpl, 64-m.shardBits, true
 	st.Changed = true
 	return st, nil
 }
