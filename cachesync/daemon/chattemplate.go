@@ -63,6 +63,37 @@ func loadTemplate(path string) (*prompt.Jinja, error) {
 	return j, nil
 }
 
+// besideTokenizer finds the chat template of the model whose vocabulary
+// -tokenizer names (a tokenizer.json, or the model directory holding one):
+// a chat_template.jinja there, else the chat_template of its
+// tokenizer_config.json, as transformers loads them. "" when there is none.
+func besideTokenizer(tokenizer string) string {
+	dir := tokenizer
+	if fi, err := os.Stat(tokenizer); err != nil {
+		return "" // a built-in encoding's name
+	} else if !fi.IsDir() {
+		dir = filepath.Dir(tokenizer)
+	}
+	if p := filepath.Join(dir, "chat_template.jinja"); exists(p) {
+		return p
+	}
+	p := filepath.Join(dir, "tokenizer_config.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return ""
+	}
+	var tc tokenizerConfig
+	if json.Unmarshal(b, &tc) != nil || len(tc.ChatTemplate) == 0 || string(tc.ChatTemplate) == "null" {
+		return ""
+	}
+	return p
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
 // tokenString reads a special token: a string, or an AddedToken's content.
 func tokenString(raw json.RawMessage) string {
 	var s string

@@ -73,3 +73,38 @@ func TestLoadTemplate(t *testing.T) {
 }
 
 func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"` }
+
+func TestBesideTokenizer(t *testing.T) {
+	tests := []struct {
+		name     string
+		files    map[string]string
+		tokenize string // -tokenizer, relative to the directory
+		want     string // the file found, relative; "" for none
+	}{
+		{"template in tokenizer_config", map[string]string{"tokenizer.json": "{}", "tokenizer_config.json": `{"chat_template": "x"}`}, "tokenizer.json", "tokenizer_config.json"},
+		{"the model directory", map[string]string{"tokenizer.json": "{}", "tokenizer_config.json": `{"chat_template": "x"}`}, ".", "tokenizer_config.json"},
+		{"chat_template.jinja first", map[string]string{"tokenizer.json": "{}", "chat_template.jinja": "x", "tokenizer_config.json": `{"chat_template": "y"}`}, "tokenizer.json", "chat_template.jinja"},
+		{"config without a template", map[string]string{"tokenizer.json": "{}", "tokenizer_config.json": `{"bos_token": "<s>", "chat_template": null}`}, "tokenizer.json", ""},
+		{"no config", map[string]string{"tokenizer.json": "{}"}, "tokenizer.json", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, content := range tt.files {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want := ""
+			if tt.want != "" {
+				want = filepath.Join(dir, tt.want)
+			}
+			if got := besideTokenizer(filepath.Join(dir, tt.tokenize)); got != want {
+				t.Errorf("besideTokenizer = %q, want %q", got, want)
+			}
+		})
+	}
+	if got := besideTokenizer("cl100k_base"); got != "" {
+		t.Errorf("a built-in encoding has a template beside it: %q", got)
+	}
+}

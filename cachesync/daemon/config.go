@@ -42,10 +42,12 @@ type Config struct {
 	// tokenizer.json, a model directory, a tiktoken file or a built-in
 	// encoding name. Without it every engine is indexed approximately.
 	Tokenizer string
-	// ChatTemplateFile is the chat template the gateways on
-	// chat_template custom render with: a tokenizer_config.json, or a
-	// .jinja file (special tokens then from a tokenizer_config.json beside
-	// it).
+	// ChatTemplateFile is a chat template kvroute has no name for: the one
+	// gateways on chat_template custom render with, and the one shipped to
+	// gateways on auto for models whose engines render with it. A
+	// tokenizer_config.json, or a .jinja file (special tokens then from a
+	// tokenizer_config.json beside it). Empty: the template beside
+	// Tokenizer, if there is one.
 	ChatTemplateFile string
 	Hash             blockhash.Config // must match the filters' block_size and max_blocks
 
@@ -93,7 +95,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.Events.DPSize, "dp-size", 0, "data-parallel ranks per engine (ports are offset by the rank)")
 	fs.StringVar(&c.Topic, "topic", "", "KV-event topic prefix to subscribe to")
 	fs.StringVar(&c.Tokenizer, "tokenizer", "", "engines' vocabulary for the precise index: tokenizer.json, model dir, tiktoken file or cl100k_base/o200k_base")
-	fs.StringVar(&c.ChatTemplateFile, "chat-template-file", "", "the chat template of gateways on chat_template custom, to check the engines against: a tokenizer_config.json, or a .jinja file (special tokens from a tokenizer_config.json beside it)")
+	fs.StringVar(&c.ChatTemplateFile, "chat-template-file", "", "a chat template kvroute has no name for, to check engines against and ship to gateways on auto: a tokenizer_config.json, or a .jinja file (special tokens from a tokenizer_config.json beside it); default: the one beside -tokenizer")
 	fs.IntVar(&c.Hash.BlockSize, "block-size", blockhash.DefaultBlockSize, "text block size in bytes; must match the filters")
 	fs.IntVar(&c.Hash.MaxBlocks, "max-blocks", blockhash.DefaultMaxBlocks, "blocks hashed per prompt at most; must match the filters")
 	fs.DurationVar(&c.SyncInterval, "sync-interval", index.DefaultInterval, "least time between snapshot builds")

@@ -57,6 +57,8 @@ type Daemon struct {
 	warnedTemplates []prompt.Template
 	// warnedCustom is the unknown custom template last warned about.
 	warnedCustom string
+	// warnedShip is the last error shipping templates, once logged.
+	warnedShip string
 
 	mu      sync.Mutex // guards engines and scraper for the metrics collector
 	engines map[string]*engine
@@ -156,6 +158,17 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		}
 		customName = d.custom.Name()
 		log.Info("custom chat template loaded", "file", cfg.ChatTemplateFile, "name", customName)
+	} else if p := besideTokenizer(cfg.Tokenizer); p != "" {
+		// The model's own template, which engines render with unless told
+		// otherwise. One kvroute cannot evaluate is no reason not to start:
+		// its engines are then checked against the named templates only.
+		if d.custom, err = loadTemplate(p); err != nil {
+			log.Warn("the chat template beside the tokenizer cannot be used; engines rendering with it are routed approximately", "file", p, "err", err)
+			d.custom = nil
+		} else {
+			customName = d.custom.Name()
+			log.Info("chat template beside the tokenizer loaded", "file", p, "name", customName)
+		}
 	}
 	if d.svc, err = service.New(service.Config{
 		Index: d.ix, Tokens: tokens, Registry: d.reg, Discovered: d.discovered, Logger: log, Notes: d.templateNotes,

@@ -37,7 +37,7 @@ func (d *Daemon) engineStatus() []service.EngineStatus {
 		st := e.last
 		row := service.EngineStatus{
 			Addr: addr, Name: e.d.Name, Kind: st.Kind.String(), Health: healthNames[snapshot.HealthUnknown],
-			Precise: e.precise, Template: e.template.renders.String(), Agreement: "unchecked",
+			Precise: e.precise, Template: d.templateName(e.template.renders), Agreement: "unchecked",
 			IndexBlocks: blocks[addr],
 		}
 		if e.scraped {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/scrape"
 	"github.com/kvroute/kvroute/cachesync/internal/verify"
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
 // The chat-template check. A precise index is only as good as the gateways'
@@ -156,10 +158,13 @@ func (d *Daemon) applyCheck(ctx context.Context, res checkResult) {
 	}
 	tc.rendering = res.rendering
 	tc.renders = prompt.Plain
-	// Named templates only: gateways on auto render each model with
-	// what its engines render, and none of them holds a custom source.
+	// A named template first: gateways on auto render it without being
+	// sent its source. Then the one cachesync holds, which the snapshot
+	// ships to them (shipTemplates).
 	if m := verify.Matching(res.rendering); len(m) > 0 {
 		tc.renders = m[0]
+	} else if d.custom != nil && verify.Compare(res.rendering, prompt.Custom, d.custom).Agrees() {
+		tc.renders = prompt.Custom
 	}
 	tc.against = nil // evaluate afresh
 	d.judge(ctx, e)
@@ -185,6 +190,40 @@ func (d *Daemon) rejudge(ctx context.Context) {
 		if e.template.rendering != nil && !slices.Equal(e.template.against, d.targets(e, fixed, auto)) {
 			d.judge(ctx, e)
 		}
+	}
+	d.shipTemplates()
+}
+
+// shipTemplates puts in the snapshot the source of the template cachesync
+// holds for every model (or adapter) whose engines are found to render
+// with it, as snapshot.Manifest.ModelTemplate tallies them, so that
+// gateways on auto render those models as the engines do. With d.mu held.
+func (d *Daemon) shipTemplates() {
+	var ships []snapshot.ChatTemplate
+	if d.custom != nil {
+		tally := map[string]*prompt.Tally{}
+		for _, e := range d.engines {
+			for _, l := range [][]string{e.last.Models, e.last.Adapters} {
+				for _, m := range l {
+					if tally[m] == nil {
+						tally[m] = new(prompt.Tally)
+					}
+					tally[m].Add(e.template.renders)
+				}
+			}
+		}
+		for _, m := range slices.Sorted(maps.Keys(tally)) {
+			if tally[m].Winner() == prompt.Custom {
+				ships = append(ships, snapshot.ChatTemplate{Model: m, Source: d.custom.Source(), Special: d.custom.Special()})
+			}
+		}
+	}
+	if len(ships) > snapshot.MaxChatTemplates {
+		ships = ships[:snapshot.MaxChatTemplates]
+	}
+	if err := d.ix.SetChatTemplates(ships); err != nil && err.Error() != d.warnedShip {
+		d.warnedShip = err.Error()
+		d.log.Warn("cannot ship the chat template to gateways on auto; they render those models plain", "err", err)
 	}
 }
 
@@ -237,7 +276,7 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 		// a different template costs nothing but is worth knowing.
 		if disagrees != tc.mismatch || first {
 			d.log.Info("engine's chat template, checked; it is indexed from the gateways' reports, which need no agreement", "engine", e.d.Addr,
-				"model", tc.rendering.Model, "gateways", names(want), "agreement", agreements(tc.agree), "engine_renders_like", tc.renders.String())
+				"model", tc.rendering.Model, "gateways", names(want), "agreement", agreements(tc.agree), "engine_renders_like", d.templateName(tc.renders))
 		}
 		tc.mismatch = disagrees
 		return
@@ -246,7 +285,7 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 	case disagrees && !tc.mismatch:
 		like := "none of kvroute's templates"
 		if tc.renders != prompt.Plain {
-			like = tc.renders.String()
+			like = d.templateName(tc.renders)
 		}
 		d.log.Warn("engine's chat template does not render prompts as the gateways do: routing it approximately, from the gateways' reports; set the gateways' chat_template to what the engine renders, or the engine's --chat-template",
 			"engine", e.d.Addr, "model", tc.rendering.Model, "gateways", names(want), "differences", agreements(tc.agree), "engine_renders_like", like)
@@ -322,6 +361,14 @@ func agreements(as []verify.Agreement) string {
 // slow engine never holds the scraper's connections.
 func newCheckClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute}}
+}
+
+// templateName names t as gateways do: custom by its source's hash.
+func (d *Daemon) templateName(t prompt.Template) string {
+	if t == prompt.Custom && d.custom != nil {
+		return d.custom.Name()
+	}
+	return t.String()
 }
 
 // heldCustom names the custom template cachesync holds, "" for none.

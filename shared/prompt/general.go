@@ -27,6 +27,7 @@ var templateFS embed.FS
 // Jinja is a chat template for the general path.
 type Jinja struct {
 	t    *jinja.Template
+	src  string
 	name string
 	// special are the tokenizer's special token strings the template may
 	// print (bos_token, eos_token, ...).
@@ -57,8 +58,15 @@ func ParseJinja(src string, special map[string]string) (*Jinja, error) {
 	}
 	hex := strconv.FormatUint(h.Sum64(), 16)
 	name := CustomPrefix + "0000000000000000"[len(hex):] + hex
-	return &Jinja{t: t, name: name, special: special, parts: t.LoopsOver("content")}, nil
+	return &Jinja{t: t, src: src, name: name, special: special, parts: t.LoopsOver("content")}, nil
 }
+
+// Source returns the template's source.
+func (j *Jinja) Source() string { return j.src }
+
+// Special returns the special token strings the template was parsed
+// with; the caller must not change the map.
+func (j *Jinja) Special() map[string]string { return j.special }
 
 // CustomPrefix starts the name of a template given as source.
 const CustomPrefix = "custom:"

@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -135,6 +136,7 @@ type Index struct {
 	changed   bool
 	lastBuild time.Time
 	hashes    []uint64 // scratch for report hashes
+	templates []snapshot.ChatTemplate
 
 	rmu      sync.Mutex // guards reports
 	reports  []report.Batch
@@ -303,6 +305,26 @@ func (x *Index) setEndpoint(info snapshot.EndpointInfo, add bool) error {
 	ep.info.Adapters = slices.Clone(info.Adapters)
 	x.touched()
 	return nil
+}
+
+// SetChatTemplates replaces the chat templates the snapshot ships
+// (snapshot.Builder.SetChatTemplates); the same ones again cause no build.
+func (x *Index) SetChatTemplates(ts []snapshot.ChatTemplate) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if slices.EqualFunc(ts, x.templates, sameTemplate) {
+		return nil
+	}
+	if err := x.b.SetChatTemplates(ts); err != nil {
+		return err
+	}
+	x.templates = slices.Clone(ts)
+	x.touched()
+	return nil
+}
+
+func sameTemplate(a, b snapshot.ChatTemplate) bool {
+	return a.Model == b.Model && a.Source == b.Source && maps.Equal(a.Special, b.Special)
 }
 
 func sameInfo(a, b *snapshot.EndpointInfo) bool {
