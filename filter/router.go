@@ -137,6 +137,11 @@ type router struct {
 	ranked   []int  // fallback slots, reused
 	dest     []byte // destination header value, reused
 	allowed  []bool // the subset's slots, reused
+	// shipped holds the chat templates the snapshot ships (on auto), parsed
+	// on first use, by model; nil for one that does not parse. shippedID
+	// is the view's TemplatesID they were parsed from.
+	shipped   map[string]*prompt.Jinja
+	shippedID uint64
 }
 
 func newRouter(cfg config, seed uint64) (*router, error) {
@@ -162,7 +167,7 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 	if view != nil && view.Loaded() {
 		m = view.Manifest()
 	}
-	p, tmpl, err := r.render(body, m, o.api)
+	p, tmpl, err := r.render(body, view, m, o.api)
 	if errors.Is(err, prompt.ErrNoPrompt) {
 		return decision{outcome: fallbackNoPrompt}
 	}
@@ -263,8 +268,9 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 
 // render renders body with the configured template or, on auto, with the
 // one the snapshot m names for its model (the configured fallback, plain,
-// when m is nil or names none).
-func (r *router) render(body []byte, m *snapshot.Manifest, api prompt.API) (prompt.Prompt, prompt.Template, error) {
+// when m is nil or names none): a custom one from the view's shipped
+// templates.
+func (r *router) render(body []byte, view *snapshot.View, m *snapshot.Manifest, api prompt.API) (prompt.Prompt, prompt.Template, error) {
 	if err := r.renderer.ParseAPI(body, api); err != nil {
 		return prompt.Prompt{}, 0, err
 	}
@@ -273,9 +279,30 @@ func (r *router) render(body []byte, m *snapshot.Manifest, api prompt.API) (prom
 		if id := m.Model(r.renderer.Model()); id >= 0 {
 			t = m.ModelTemplate(id)
 		}
+		if t == prompt.Custom {
+			r.renderer.Custom = r.shippedTemplate(view, r.renderer.Model())
+		}
 	}
 	p, err := r.renderer.RenderParsed(r.text[:0], t)
 	return p, t, err
+}
+
+// shippedTemplate returns model's template as the view ships it, parsed
+// once per worker per change of the shipped templates; nil when none is
+// shipped or it does not parse, which renders as ErrUnsupported: routed by
+// load, as a request this gateway cannot render.
+func (r *router) shippedTemplate(view *snapshot.View, model string) *prompt.Jinja {
+	if id := view.TemplatesID(); id != r.shippedID || r.shipped == nil {
+		r.shipped, r.shippedID = map[string]*prompt.Jinja{}, id
+	}
+	j, ok := r.shipped[model]
+	if !ok {
+		if ct, found := view.ChatTemplate(model); found {
+			j, _ = prompt.ParseJinja(ct.Source, ct.Special)
+		}
+		r.shipped[model] = j
+	}
+	return j
 }
 
 // toPinned routes a request continuing a previous response to the
