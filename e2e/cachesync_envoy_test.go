@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,7 +64,7 @@ func routedByReports(t testing.TB, g1, g2 *gateway, system string) {
 	})
 }
 
-func startCachesync(t testing.TB, addr string, engines []*vllmsim.Engine, precise bool) *runningDaemon {
+func startCachesync(t testing.TB, addr string, engines []*vllmsim.Engine, precise bool, opts ...func(*daemon.Config)) *runningDaemon {
 	t.Helper()
 	var spec []string
 	for _, e := range engines {
@@ -72,13 +74,13 @@ func startCachesync(t testing.TB, addr string, engines []*vllmsim.Engine, precis
 		}
 		spec = append(spec, s)
 	}
-	return startDaemon(t, addr, spec, precise)
+	return startDaemon(t, addr, spec, precise, opts...)
 }
 
 // startDaemon runs cachesync in this process on addr, for the engines of
 // spec (-engines), with the tokenizer the simulator counts with if
 // precise.
-func startDaemon(t testing.TB, addr string, spec []string, precise bool) *runningDaemon {
+func startDaemon(t testing.TB, addr string, spec []string, precise bool, opts ...func(*daemon.Config)) *runningDaemon {
 	t.Helper()
 	cfg := daemon.Config{
 		Listen: addr, Engines: strings.Join(spec, ","), ReportToken: reportToken,
@@ -88,6 +90,9 @@ func startDaemon(t testing.TB, addr string, spec []string, precise bool) *runnin
 	}
 	if precise {
 		cfg.Tokenizer = "cl100k_base"
+	}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -429,6 +434,55 @@ func TestCachesyncAutoTemplatePool(t *testing.T) {
 		waitFor(t, 10*time.Second, "affinity to the warmed "+model+" engine", func() bool {
 			code, d := post(t, g.client, g.url, chat(model, system, "next", -1))
 			return code == http.StatusBadRequest && affineTo(d, e.Addr())
+		})
+	}
+}
+
+// TestCachesyncShipsTheModelsTemplate: a model served with a chat template
+// kvroute has no name for, behind a gateway on chat_template auto.
+// cachesync holds the model's template (its tokenizer_config.json), finds
+// the engines render with it, and ships it in the snapshot; the gateway
+// renders that model's requests with it, so they match the engines' KV
+// events.
+func TestCachesyncShipsTheModelsTemplate(t *testing.T) {
+	const model = "acme/support-chat-7b"
+	src := `{%- for m in messages %}[[{{ m.role | upper }}]] {{ m.content if m.content is string else '' }}
+{% endfor %}{% if add_generation_prompt %}[[ASSISTANT]] {% endif %}`
+	dir := t.TempDir()
+	cfgJSON, _ := json.Marshal(map[string]any{"chat_template": src, "eos_token": "</s>"})
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfgJSON, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	es, err := vllmsim.StartN(context.Background(), 2, vllmsim.Config{Model: model, ChatTemplate: src, NumGPUBlocks: 1024,
+		TimeScale: 0.05, KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, e := range es {
+			e.Close()
+		}
+	})
+	cs := startCachesync(t, "127.0.0.1:0", es, true, func(c *daemon.Config) {
+		c.ChatTemplateFile = filepath.Join(dir, "tokenizer_config.json")
+	})
+	g := cachesyncGateway(t, es, cs.addr, nil, "chat_template", "auto")
+	waitFor(t, 15*time.Second, "cachesync to find both engines rendering the model's template", func() bool {
+		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_template{state="agrees"} 2`+"\n")
+	})
+	chat := func(system, user string, maxTokens int) []byte {
+		b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": maxTokens,
+			"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
+		return b
+	}
+	for i, e := range es {
+		system := "Tenant " + strconv.Itoa(i) + ". " + strings.Repeat("Refunds take five working days. ", 40)
+		if code, _ := post(t, http.DefaultClient, e.URL(), chat(system, "first", 1)); code != http.StatusOK {
+			t.Fatalf("warming %s: %d", e.Addr(), code)
+		}
+		waitFor(t, 10*time.Second, "affinity to the warmed engine from its KV events", func() bool {
+			code, d := post(t, g.client, g.url, chat(system, "next", -1))
+			return code == http.StatusBadRequest && affineTo(d, e.Addr()) && strings.Contains(d, "template=custom")
 		})
 	}
 }
