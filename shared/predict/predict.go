@@ -5,8 +5,8 @@
 //
 // The terms are what a continuous-batching engine spends a step on:
 //
-//	TTFT = a0 + a1·(uncached + backlog) + a2·running + a3·waiting   seconds
-//	ITL  = b0 + b1·running                                          seconds per token
+//	TTFT = a0 + a1·(uncached + backlog) + a2·running + a3·waiting + a4·wait   seconds
+//	ITL  = b0 + b1·running                                                    seconds per token
 //
 // uncached is this request's prompt tokens the endpoint must prefill,
 // backlog the uncached prompt tokens ahead of it: one term, since a token
@@ -14,7 +14,13 @@
 // makes the two move together (a warm endpoint has both little to prefill
 // and a queue), two coefficients would split at the noise's whim and
 // could price the cache at nothing. running and waiting are the endpoint's
-// requests in its batch and in its queue. ITL is that of decoding steps
+// requests in its batch and in its queue. wait is how long the engine's
+// step under way has left to run: a request that arrives mid-step is
+// scheduled only at the next one, and on a fully cached prompt that wait
+// is half of the time to first token. The gateway sees the engine's steps
+// end in its own streams (each step sends every streaming request a
+// token), so it knows the wait to a few milliseconds while it streams from
+// the engine, and puts half a step for it otherwise. ITL is that of decoding steps
 // that carry no prefill (a step with a prefill chunk takes as long as the
 // chunk, which the policy prices through TTFT and what it costs the batch):
 // cachesync fits it only from intervals in which the engine prefilled
@@ -29,17 +35,21 @@ import (
 
 // NumTTFT and NumITL are the model's coefficient counts.
 const (
-	NumTTFT = 4
+	NumTTFT = 5
 	NumITL  = 2
 )
 
 // Features are one decision's terms on one endpoint.
 type Features struct {
 	Uncached, Backlog, Running, Waiting float64
+	// Wait is the time the engine's step under way has left, in seconds.
+	Wait float64
 }
 
-func (f *Features) vector() [NumTTFT]float64 {
-	return [NumTTFT]float64{1, f.Uncached + f.Backlog, f.Running, f.Waiting}
+// Vector returns the features as the TTFT model's coefficients multiply
+// them: a constant 1 first.
+func (f *Features) Vector() [NumTTFT]float64 {
+	return [NumTTFT]float64{1, f.Uncached + f.Backlog, f.Running, f.Waiting, f.Wait}
 }
 
 // Model is one endpoint's fitted latency model.
@@ -67,7 +77,7 @@ const (
 // tokens/s behind the backlog, one step per token while decoding.
 func Default(rate float64) Model {
 	var m Model
-	m.TTFTCoef = [NumTTFT]float32{DefaultStep, float32(1 / rate), 0, 0}
+	m.TTFTCoef = [NumTTFT]float32{DefaultStep, float32(1 / rate), 0, 0, 1}
 	m.ITLCoef = [NumITL]float32{DefaultStep, DefaultPerRunning}
 	return m
 }
@@ -76,7 +86,7 @@ func Default(rate float64) Model {
 // coefficients as they are: Resolve first puts in a fallback for a fit with
 // too few samples.
 func (m *Model) TTFT(f Features) float64 {
-	x := f.vector()
+	x := f.Vector()
 	var t float64
 	for i := range x {
 		t += float64(m.TTFTCoef[i]) * x[i]

@@ -9,7 +9,7 @@
 //	batch:  "KVRP" | u16 version | u16 0 | u32 records | u32 0 | record... | u64 XXH64(everything before)
 //	record: u8 recordTag | u8 len(endpoint) | u8 len(model) | u8 reason | u32 hashes | u32 cached |
 //	        endpoint | model | hashes x u64
-//	outcome: u8 outcomeTag | u8 len(endpoint) | u16 0 | u32 0 | u32 0 | endpoint |
+//	outcome: u8 outcomeTag | u8 len(endpoint) | u16 0 | f32 wait | u32 0 | endpoint |
 //	        f32 uncached | f32 backlog | f32 running | f32 waiting | f32 predicted TTFT | f32 observed TTFT
 //
 // A routing record says where a prompt went; an outcome record, sent once
@@ -42,9 +42,10 @@ import (
 )
 
 // Version is the batch format version this package writes. It reads
-// version 2 too, the same format without reasons (the byte was 0), so
+// versions 2 and 3 too, the same format without reasons (version 2: the
+// byte was 0) and without an outcome's wait (before 4: the word was 0), so
 // that gateways may be upgraded after cachesync.
-const Version = 3
+const Version = 4
 
 // Reasons are the decision reasons a record can carry, by their code; ""
 // (code 0) is a record that does not say. They are the filter's reason
@@ -189,7 +190,12 @@ func AppendOutcome(dst []byte, o *Outcome) ([]byte, error) {
 			return dst, errors.New("report: outcome figure negative or not finite")
 		}
 	}
-	dst = append(dst, outcomeTag, byte(len(o.Endpoint)), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	if !validFigure(float32(f.Wait)) {
+		return dst, errors.New("report: outcome figure negative or not finite")
+	}
+	dst = append(dst, outcomeTag, byte(len(o.Endpoint)), 0, 0)
+	dst = le.AppendUint32(dst, math.Float32bits(float32(f.Wait)))
+	dst = append(dst, 0, 0, 0, 0)
 	dst = append(dst, o.Endpoint...)
 	for _, v := range vs {
 		dst = le.AppendUint32(dst, math.Float32bits(float32(v)))
@@ -206,7 +212,8 @@ func recordSize(b []byte, maxHashes int, version uint16) (size, hashes int, err 
 		return 0, 0, corrupt("record truncated")
 	}
 	if b[0] == outcomeTag {
-		if b[1] == 0 || b[2]|b[3] != 0 || le.Uint32(b[4:])|le.Uint32(b[8:]) != 0 {
+		if b[1] == 0 || b[2]|b[3] != 0 || le.Uint32(b[8:]) != 0 || (version < 4 && le.Uint32(b[4:]) != 0) ||
+			!validFigure(math.Float32frombits(le.Uint32(b[4:]))) {
 			return 0, 0, corrupt("bad outcome record")
 		}
 		size = recordFixed + int(b[1]) + outcomeBody
@@ -332,7 +339,7 @@ func Parse(b []byte, lim Limits) (Batch, error) {
 		return Batch{}, corrupt("bad magic")
 	}
 	v := le.Uint16(b[4:])
-	if v != Version && v != 2 {
+	if v != Version && v != 2 && v != 3 {
 		return Batch{}, errdetail.New(ErrVersion, "version "+strconv.Itoa(int(v)))
 	}
 	end := len(b) - trailerSize
@@ -404,7 +411,8 @@ func (e Entry) Outcome() Outcome {
 	off := recordFixed + int(e.b[1])
 	v := func(i int) float64 { return float64(math.Float32frombits(le.Uint32(e.b[off+4*i:]))) }
 	return Outcome{
-		Features:  predict.Features{Uncached: v(0), Backlog: v(1), Running: v(2), Waiting: v(3)},
+		Features: predict.Features{Uncached: v(0), Backlog: v(1), Running: v(2), Waiting: v(3),
+			Wait: float64(math.Float32frombits(le.Uint32(e.b[4:])))},
 		Predicted: v(4), Observed: v(5),
 	}
 }
@@ -428,8 +436,13 @@ func (e Entry) ReasonCode() int { return int(e.b[3]) }
 // Cached returns how many leading hashes the policy found cached.
 func (e Entry) Cached() int { return int(le.Uint32(e.b[8:])) }
 
-// NumHashes returns the number of hashes.
-func (e Entry) NumHashes() int { return int(le.Uint32(e.b[4:])) }
+// NumHashes returns the number of hashes; 0 for an outcome record.
+func (e Entry) NumHashes() int {
+	if e.IsOutcome() {
+		return 0
+	}
+	return int(le.Uint32(e.b[4:]))
+}
 
 // Hash returns hash i, 0 <= i < NumHashes().
 func (e Entry) Hash(i int) uint64 { return le.Uint64(e.b[e.hashOff()+8*i:]) }

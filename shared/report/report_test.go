@@ -187,7 +187,7 @@ func TestAppendRecordRejects(t *testing.T) {
 func TestOutcomes(t *testing.T) {
 	want := Outcome{
 		Endpoint:  "10.0.0.2:8000",
-		Features:  predict.Features{Uncached: 1200, Backlog: 4096, Running: 7, Waiting: 1},
+		Features:  predict.Features{Uncached: 1200, Backlog: 4096, Running: 7, Waiting: 1, Wait: 0.03125},
 		Predicted: 0.25, Observed: 0.375,
 	}
 	var w Writer
@@ -234,6 +234,7 @@ func TestOutcomes(t *testing.T) {
 		{Endpoint: "a:1", Predicted: math.NaN()},
 		{Endpoint: "a:1", Features: predict.Features{Backlog: math.Inf(1)}},
 		{Endpoint: "a:1", Features: predict.Features{Running: 1e39}}, // infinite as a float32
+		{Endpoint: "a:1", Features: predict.Features{Wait: -0.5}},
 	} {
 		if got, err := AppendOutcome([]byte("keep"), &bad); err == nil || string(got) != "keep" {
 			t.Errorf("AppendOutcome(%+v) = %q, %v; want dst unchanged and an error", bad, got, err)
@@ -247,6 +248,25 @@ func TestOutcomes(t *testing.T) {
 	le.PutUint32(b[at:], math.Float32bits(-1))
 	if _, err := Parse(reseal(b), Limits{}); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("negative observed TTFT: Parse = %v, want ErrCorrupt", err)
+	}
+	// Version 3 had no wait: the word was reserved, and a batch of that
+	// version carrying one is corrupt; its outcomes read with no wait.
+	v3 := slices.Clone(w.Bytes())
+	le.PutUint16(v3[4:], 3)
+	if _, err := Parse(reseal(v3), Limits{}); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a version 3 outcome with a wait: Parse = %v, want ErrCorrupt", err)
+	}
+	le.PutUint32(v3[headerSize+len(first)+4:], 0)
+	bt3, err := Parse(reseal(v3), Limits{})
+	if err != nil {
+		t.Fatalf("version 3 batch: %v", err)
+	}
+	for e := range bt3.Records() {
+		if e.IsOutcome() {
+			if got := e.Outcome(); got.Features.Wait != 0 || got.Predicted != want.Predicted {
+				t.Errorf("version 3 outcome %+v", got)
+			}
+		}
 	}
 }
 
@@ -414,8 +434,8 @@ func FuzzParse(f *testing.F) {
 				}
 			}
 			got := slices.Clone(w.Bytes())
-			if raw[4] == 2 && len(got) > 4 { // version 2 reads, version 3 writes
-				got[4] = 2
+			if (raw[4] == 2 || raw[4] == 3) && len(got) > 4 { // older versions read, version 4 writes
+				got[4] = raw[4]
 				got = reseal(got)
 			}
 			if string(got) != string(raw) {

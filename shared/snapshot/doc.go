@@ -109,9 +109,9 @@
 //	52   4     the endpoint's cache capacity in text blocks; 0 unknown
 //	56   4     TTFT samples of its latency model (shared/predict)
 //	60   4     ITL samples
-//	64   16    TTFT coefficients, 4 float32, each finite and >= 0
-//	80   8     ITL coefficients, 2 float32, likewise
-//	88   8     reserved, 0
+//	64   20    TTFT coefficients, 5 float32, each finite and >= 0
+//	84   8     ITL coefficients, 2 float32, likewise
+//	92   4     reserved, 0
 //
 // The templates body (the chat templates of models whose engines render
 // with a template kvroute has no name for, an endpoint's template byte

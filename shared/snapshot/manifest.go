@@ -13,6 +13,9 @@ const (
 	manifestFixed = 104 // header, fixed fields, the delta and templates references
 	endpointSize  = 96
 	nameSize      = 8
+	// itlAt is where an endpoint row's ITL coefficients start, after the
+	// TTFT ones at 64.
+	itlAt = 64 + 4*predict.NumTTFT
 )
 
 // Manifest is a parsed manifest: the snapshot's header, its endpoint table
@@ -167,7 +170,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 	r := e.r
 	addrOff, addrLen := uint64(le.Uint32(r[8:])), uint64(le.Uint16(r[12:]))
 	names, idOff := uint64(le.Uint16(r[14:])), uint64(le.Uint32(r[16:]))
-	if r[22] > 1 || r[23] != 0 || le.Uint64(r[88:]) != 0 || !prompt.Template(r[21]).Known() {
+	if r[22] > 1 || r[23] != 0 || le.Uint32(r[92:]) != 0 || !prompt.Template(r[21]).Known() {
 		return false
 	}
 	if addrLen == 0 { // vacant: nothing else may be set
@@ -223,7 +226,7 @@ func (e Endpoint) LatencyModel() predict.Model {
 		m.TTFTCoef[i] = math.Float32frombits(le.Uint32(e.r[64+4*i:]))
 	}
 	for i := range m.ITLCoef {
-		m.ITLCoef[i] = math.Float32frombits(le.Uint32(e.r[80+4*i:]))
+		m.ITLCoef[i] = math.Float32frombits(le.Uint32(e.r[itlAt+4*i:]))
 	}
 	return m
 }
@@ -389,7 +392,7 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 				le.PutUint32(r[64+4*i:], math.Float32bits(c))
 			}
 			for i, c := range mdl.ITLCoef {
-				le.PutUint32(r[80+4*i:], math.Float32bits(c))
+				le.PutUint32(r[itlAt+4*i:], math.Float32bits(c))
 			}
 		}
 		dst = append(dst, r[:]...)
