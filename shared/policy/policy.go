@@ -190,6 +190,11 @@ type Local struct {
 	// and the snapshot does not show them yet. They count in how full its
 	// cache is when a new prefix is placed.
 	Pending int
+	// StepAge and StepLength are the engine's step clock as this gateway's
+	// streams show it: how long ago the engine's last step ended (a token
+	// reached a stream) and how long that step took (the gap between a
+	// stream's last two tokens), in seconds. StepLength 0: not known.
+	StepAge, StepLength float64
 }
 
 // Request is what Pick decides on.
@@ -233,6 +238,7 @@ type Terms struct {
 	Backlog        int           // uncached prompt tokens ahead of this request there
 	Running        int           // requests in its batch, this gateway's included
 	Waiting        int           // requests in its queue
+	Wait           time.Duration // what the engine's step under way has left to run
 	TTFT           time.Duration // predicted time to first token
 	ITL            time.Duration // predicted inter-token latency
 	Others         time.Duration // delay its work would add to the requests sharing the endpoint

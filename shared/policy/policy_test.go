@@ -556,3 +556,40 @@ func TestFallbacks(t *testing.T) {
 		t.Errorf("Fallbacks allocates %v times", n)
 	}
 }
+
+// TestStepWait: of two endpoints alike but for where their engines are in
+// a step, the one about to end its step serves the request a step sooner,
+// and the terms say what each step had left; an engine the gateway does
+// not stream from is put at half a step.
+func TestStepWait(t *testing.T) {
+	v, hashes := fixture(t, []ep{warm(0, promptBlocks), warm(0, promptBlocks)})
+	local := []Local{{Requests: 4, StepAge: 0.001, StepLength: 0.050}, {Requests: 4, StepAge: 0.046, StepLength: 0.050}}
+	d := picker(t, nil).Pick(v, &Request{Model: model, Hashes: hashes, OutputTokens: 100, Local: local})
+	if d.Endpoint != 1 || absDur(d.Chosen.Wait-4*time.Millisecond) > 10*time.Microsecond || absDur(d.RunnerUp.Wait-49*time.Millisecond) > 10*time.Microsecond {
+		t.Fatalf("chose %d with waits %v (runner-up %v); want 1, 4 ms against 49 ms", d.Endpoint, d.Chosen.Wait, d.RunnerUp.Wait)
+	}
+	if gap := d.RunnerUp.TTFT - d.Chosen.TTFT; absDur(gap-45*time.Millisecond) > time.Millisecond {
+		t.Errorf("predicted TTFTs differ by %v, want the 45 ms of step between them", gap)
+	}
+	for _, c := range []struct {
+		local Local
+		want  float64
+	}{
+		{Local{Requests: 4}, -1}, // half of the predicted ITL
+		{Local{}, 0},             // idle: the engine starts a step for it at once
+		{Local{Requests: 4, StepAge: 0.2, StepLength: 0.05}, 0},
+	} {
+		v, hashes := fixture(t, []ep{warm(0, promptBlocks)})
+		d := picker(t, nil).Pick(v, &Request{Model: model, Hashes: hashes, OutputTokens: 100, Local: []Local{c.local}})
+		got := d.Chosen.Wait.Seconds()
+		if c.want < 0 {
+			// Half a step of the batch as it is; the ITL predicted is
+			// with the request in it, a little longer.
+			if half := d.Chosen.ITL.Seconds() / 2; !(got > 0.9*half && got < half) {
+				t.Errorf("local %+v: wait %.6f s, want just under half the ITL, %.6f", c.local, got, half)
+			}
+		} else if got != c.want {
+			t.Errorf("local %+v: wait %.6f s, want %.6f", c.local, got, c.want)
+		}
+	}
+}

@@ -113,6 +113,7 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	}
 	fallback := predict.Default(rate)
 	mdl := e.LatencyModel().Resolve(&fallback)
+	c.f.Wait = stepLeft(local, c.f.Running, c.f.Waiting, mdl.ITL(c.f.Running))
 	c.ttft = mdl.TTFT(c.f)
 	c.itl = mdl.ITL(c.f.Running + 1)
 	share := c.f.Running + c.f.Waiting
@@ -190,9 +191,25 @@ func (c *cand) meets(j *job) bool {
 func (c *cand) terms(slot int) Terms {
 	return Terms{
 		Endpoint: slot, CachedTokens: int(c.cached), UncachedTokens: int(c.uncached + 0.5),
-		Backlog: int(c.f.Backlog), Running: int(c.f.Running), Waiting: int(c.f.Waiting),
+		Backlog: int(c.f.Backlog), Running: int(c.f.Running), Waiting: int(c.f.Waiting), Wait: seconds(c.f.Wait),
 		TTFT: seconds(c.ttft), ITL: seconds(c.itl), Others: seconds(c.others), Eviction: seconds(c.evict), Price: seconds(c.price),
 	}
 }
 
 func seconds(s float64) time.Duration { return time.Duration(min(s, 1e9) * float64(time.Second)) }
+
+// stepLeft is what the engine's step under way has left to run: known to a
+// few milliseconds from the gateway's own streams while it streams from the
+// engine; otherwise half a predicted step, the average over arrivals, when
+// the engine is busy, and nothing when it is idle. A step that has already
+// run past the length of the last one (it holds a prefill) is taken to end
+// now: how much longer is not known.
+func stepLeft(local Local, running, waiting, itl float64) float64 {
+	if local.StepLength > 0 {
+		return max(local.StepLength-local.StepAge, 0)
+	}
+	if running+waiting == 0 {
+		return 0
+	}
+	return itl / 2
+}
