@@ -30,6 +30,7 @@ type loadTracker struct {
 	placed   placements
 	sessions sessions
 	hist     history
+	steps    stepClocks
 }
 
 func newLoadTracker(vm uint64, ttl, sessionTTL, tick time.Duration) loadTracker {
@@ -78,6 +79,7 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) 
 	}
 	t.local = t.local[:n]
 	clear(t.local)
+	t.steps.fill(t.slotOf, t.local, time.Now().UnixNano())
 	if t.placed.read() {
 		t.placed.match(hashes, t.addPlaced)
 		t.pending(m)

@@ -10,6 +10,7 @@ package main
 import (
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/filter/internal/inflight"
@@ -138,6 +139,10 @@ type httpContext struct {
 	learning bool
 	head     []byte
 	served   uint64
+	// streaming: the response is a server-sent event stream, one event per
+	// engine step; lastToken is when its last one came (Unix nanoseconds).
+	streaming bool
+	lastToken int64
 }
 
 func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
@@ -352,7 +357,7 @@ func (h *httpContext) reportOutcome(ttft time.Duration) {
 	o := report.Outcome{
 		Endpoint: h.decision.endpoint,
 		Features: predict.Features{Uncached: float64(t.UncachedTokens), Backlog: float64(t.Backlog),
-			Running: float64(t.Running), Waiting: float64(t.Waiting)},
+			Running: float64(t.Running), Waiting: float64(t.Waiting), Wait: t.Wait.Seconds()},
 		Predicted: t.TTFT.Seconds(), Observed: ttft.Seconds(),
 	}
 	var err error
@@ -380,6 +385,11 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 			h.learning, h.served = true, endpointHash(string(served))
 		}
 	}
+	if h.decided && h.decision.outcome == routed && !endOfStream {
+		if ct, err := proxywasm.GetHttpResponseHeader("content-type"); err == nil && strings.HasPrefix(ct, "text/event-stream") {
+			h.streaming = true
+		}
+	}
 	if endOfStream {
 		h.releasePrefill()
 	}
@@ -388,6 +398,11 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 
 func (h *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Action {
 	h.releasePrefill()
+	if h.streaming && size > 0 {
+		now := time.Now().UnixNano()
+		h.plugin.load.steps.token(h.endpoint, now, h.lastToken)
+		h.lastToken = now
+	}
 	if h.learning {
 		h.learnResponse(size, endOfStream)
 	}
