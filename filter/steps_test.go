@@ -42,3 +42,14 @@ func TestStepClocks(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkStepToken is what every streamed token costs the worker, on top
+// of reading the clock.
+func BenchmarkStepToken(b *testing.B) {
+	var s stepClocks
+	now := int64(time.Second)
+	for i := 0; b.Loop(); i++ {
+		now += int64(time.Millisecond)
+		s.token(uint64(i%8), now, now-20*int64(time.Millisecond))
+	}
+}
