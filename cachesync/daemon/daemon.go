@@ -82,6 +82,17 @@ type Daemon struct {
 // its decode fit.
 const maxDecodePrefill = 0.1
 
+// itlClean is how many later scrape intervals must also have prefilled
+// little before an interval's inter-token latency counts. An engine counts
+// a prompt's tokens when its prefill ends, so a prefill shows in the
+// interval it ends in, while its steps, each stalling every decode in the
+// batch, ran in the intervals before: a 7,000-token prompt at 20,000
+// tokens/s is 350 ms of steps, two 250 ms scrapes. Counted at once, those
+// stalled intervals fitted b2b-saas's warm-up an ITL of 30-80 ms at an idle
+// batch (the engines' own is 17-20 ms) and a slope twice the truth; the
+// policy, pricing 200 output tokens at it, copied prefixes to idle engines.
+const itlClean = 2
+
 // refitInterval is how often the engines' latency fits are republished.
 const refitInterval = time.Second
 
@@ -110,6 +121,16 @@ type engine struct {
 	servedFrom float64
 	silent     bool
 	template   templateState
+	// decode holds the ITL samples of its last scrape intervals until
+	// they are known to be clean (itlClean).
+	decode []itlSample
+}
+
+// itlSample is one scrape interval's mean inter-token latency and batch,
+// and how many clean intervals have followed it.
+type itlSample struct {
+	running, seconds float64
+	after            int
 }
 
 // New builds the daemon's components and opens its listener.
@@ -239,6 +260,7 @@ loop:
 	for {
 		select {
 		case <-refit.C:
+			d.models.freeze()
 			d.mu.Lock()
 			for _, e := range d.engines {
 				if e.scraped {
@@ -357,12 +379,8 @@ func (d *Daemon) applyScrape(ctx context.Context, st scrape.State) {
 	// in which it spent at most a tenth of its time prefilling count: a
 	// step with a prefill chunk takes as long as the chunk, and a fit of
 	// those would blame prefill on the batch size.
-	if prev := e.last; e.scraped && st.ITLCount > prev.ITLCount && st.ITLSeconds >= prev.ITLSeconds {
-		dt := st.Scraped.Sub(prev.Scraped).Seconds()
-		if prefilled := st.Prefilled - prev.Prefilled; dt > 0 && prefilled >= 0 && prefilled/dt <= maxDecodePrefill*max(st.Rate.TokensPerSecond, 1) {
-			mean := (st.ITLSeconds - prev.ITLSeconds) / (st.ITLCount - prev.ITLCount)
-			d.models.itl(st.Addr, float64(st.Running+prev.Running)/2, mean)
-		}
+	if e.scraped {
+		e.cleanITL(&e.last, &st, func(s itlSample) { d.models.itl(st.Addr, s.running, s.seconds) })
 	}
 	if e.scraped && restarted(&e.last, &st) {
 		// Counters since the engine started went backwards: it started
@@ -451,6 +469,31 @@ func (d *Daemon) update(e *engine) {
 	}
 	if err := d.ix.UpdateEndpoint(info); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
 		d.log.Warn("update endpoint", "engine", e.d.Addr, "err", err)
+	}
+}
+
+// cleanITL takes the scrape interval from prev to st and calls fit with
+// each decode sample now known clean: its interval and the itlClean after
+// it prefilled little.
+func (e *engine) cleanITL(prev, st *scrape.State, fit func(itlSample)) {
+	dt := st.Scraped.Sub(prev.Scraped).Seconds()
+	prefilled := st.Prefilled - prev.Prefilled
+	if !(dt > 0 && prefilled >= 0 && prefilled/dt <= maxDecodePrefill*max(st.Rate.TokensPerSecond, 1)) {
+		e.decode = e.decode[:0] // a prefill ended: the intervals before ran its steps
+		return
+	}
+	kept := e.decode[:0]
+	for _, s := range e.decode {
+		if s.after++; s.after >= itlClean {
+			fit(s)
+		} else {
+			kept = append(kept, s)
+		}
+	}
+	e.decode = kept
+	if st.ITLCount > prev.ITLCount && st.ITLSeconds >= prev.ITLSeconds {
+		mean := (st.ITLSeconds - prev.ITLSeconds) / (st.ITLCount - prev.ITLCount)
+		e.decode = append(e.decode, itlSample{running: float64(st.Running+prev.Running) / 2, seconds: mean})
 	}
 }
 

@@ -508,8 +508,11 @@ func TestLatencyModelsFromOutcomes(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("report: %s", resp.Status)
 	}
-	// Decoding on the engine fills its inter-token histogram.
-	for i := range 4 {
+	// Decoding on the engine fills its inter-token histogram, over several
+	// scrapes: an interval counts once two more have passed in which no
+	// prefill ended.
+	for i := range 8 {
+		time.Sleep(150 * time.Millisecond)
 		body := `{"model":"` + model + `","max_tokens":32,"messages":[{"role":"user","content":"decode a while ` + strconv.Itoa(i) + `"}]}`
 		resp, err := http.Post(e.URL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err != nil {
@@ -766,5 +769,55 @@ func TestRestarted(t *testing.T) {
 		if got := restarted(&prev, &tt.st); got != tt.want {
 			t.Errorf("%s: restarted %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestCleanITL: a scrape interval's inter-token latency counts once the two
+// intervals after it prefilled little too, since an engine counts a
+// prompt's tokens when its prefill ends, after the steps that ran it.
+func TestCleanITL(t *testing.T) {
+	rate := calibrate.Rate{TokensPerSecond: 20000}
+	at := time.Unix(1000, 0)
+	// Each interval: 250 ms, the tokens prefilled in it and the mean ITL
+	// of the decodes in it (0: none decoded).
+	type interval struct {
+		prefilled float64
+		itl       float64
+	}
+	tests := []struct {
+		name string
+		ivs  []interval
+		want []float64 // the ITLs fitted, in order
+	}{
+		{"decodes alone", []interval{{0, 0.020}, {0, 0.021}, {0, 0.022}, {0, 0.023}}, []float64{0.020, 0.021}},
+		{"a prefill ending takes back the two intervals before it", []interval{{0, 0.020}, {0, 0.080}, {0, 0.090}, {7000, 0.030}, {0, 0.021}, {0, 0.022}, {0, 0.023}}, []float64{0.020, 0.021}},
+		{"idle intervals count as clean", []interval{{0, 0.020}, {0, 0}, {0, 0}}, []float64{0.020}},
+		{"a little prefill is still decoding", []interval{{100, 0.020}, {100, 0.021}, {100, 0.022}}, []float64{0.020}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var e engine
+			prev := scrape.State{Scraped: at, Rate: rate}
+			var got []float64
+			for i, iv := range tt.ivs {
+				st := prev
+				st.Scraped = at.Add(time.Duration(i+1) * 250 * time.Millisecond)
+				st.Prefilled += iv.prefilled
+				if iv.itl > 0 {
+					st.ITLCount += 100
+					st.ITLSeconds += 100 * iv.itl
+				}
+				e.cleanITL(&prev, &st, func(s itlSample) { got = append(got, s.seconds) })
+				prev = st
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("fitted %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if math.Abs(got[i]-tt.want[i]) > 1e-9 {
+					t.Fatalf("fitted %v, want %v", got, tt.want)
+				}
+			}
+		})
 	}
 }
