@@ -23,6 +23,15 @@ type models struct {
 	mu     sync.Mutex
 	group  map[string]string // engine address -> its deployment's key; "" until scraped
 	fits   map[string]*fit.Model
+	// published are the fits as of the last freeze, which every engine's
+	// snapshot row carries until the next: rows are rewritten one by one,
+	// as their engines are scraped, and a live fit would give two engines
+	// of one deployment different models for up to a refit interval. The
+	// ITL fit crossing predict.MinSamples did so on every b2b-saas warm-up:
+	// one engine's row at the default 10 ms, another's at the fitted 17 ms,
+	// a difference the policy priced at 1.4 s over 200 output tokens and
+	// copied a prefix for.
+	published map[string]fit.Model
 	recent []float64 // the last relative TTFT errors, for the median
 	next   int
 
@@ -34,7 +43,7 @@ type models struct {
 const recentErrors = 1024
 
 func newModels(reg prometheus.Registerer) *models {
-	m := &models{group: map[string]string{}, fits: map[string]*fit.Model{}}
+	m := &models{group: map[string]string{}, fits: map[string]*fit.Model{}, published: map[string]fit.Model{}}
 	m.errs = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "kvroute_cachesync", Name: "ttft_prediction_error_ratio",
 		Help:    "|predicted - observed| / observed time to first token of routed requests, as the gateways report them.",
@@ -159,14 +168,24 @@ func (m *models) forget(addr string) {
 	}
 }
 
-// model returns the engine's fitted model, held near the default for its
-// prefill rate.
+// freeze publishes every deployment's fit as it stands (see published).
+func (m *models) freeze() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.published)
+	for g, f := range m.fits {
+		m.published[g] = *f
+	}
+}
+
+// model returns the engine's published model, held near the default for
+// its prefill rate.
 func (m *models) model(addr string, rate float64) predict.Model {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	prior := predict.Default(rate)
-	f := m.fitOf(addr)
-	if f == nil {
+	f, ok := m.published[m.group[addr]]
+	if !ok {
 		return prior
 	}
 	return f.Fit(prior)
