@@ -20,9 +20,9 @@ import (
 // policy compares them by their load, not by the noise of separate fits.
 // It also measures the prediction error the gateways saw.
 type models struct {
-	mu     sync.Mutex
-	group  map[string]string // engine address -> its deployment's key; "" until scraped
-	fits   map[string]*fit.Model
+	mu    sync.Mutex
+	group map[string]string // engine address -> its deployment's key; "" until scraped
+	fits  map[string]*fit.Model
 	// published are the fits as of the last freeze, which every engine's
 	// snapshot row carries until the next: rows are rewritten one by one,
 	// as their engines are scraped, and a live fit would give two engines
@@ -32,8 +32,8 @@ type models struct {
 	// a difference the policy priced at 1.4 s over 200 output tokens and
 	// copied a prefix for.
 	published map[string]fit.Model
-	recent []float64 // the last relative TTFT errors, for the median
-	next   int
+	recent    []float64 // the last relative TTFT errors, for the median
+	next      int
 
 	errs  prometheus.Histogram
 	mdape prometheus.GaugeFunc
