@@ -88,7 +88,7 @@ const maxDecodePrefill = 0.1
 // interval it ends in, while its steps, each stalling every decode in the
 // batch, ran in the intervals before: a 7,000-token prompt at 20,000
 // tokens/s is 350 ms of steps, two 250 ms scrapes. Counted at once, those
-// stalled intervals fitted b2b-saas's warm-up an ITL of 30-80 ms at an idle
+// stalled intervals fitted b2b-saas's warm-up an ITL of 31-55 ms at an idle
 // batch (the engines' own is 17-20 ms) and a slope twice the truth; the
 // policy, pricing 200 output tokens at it, copied prefixes to idle engines.
 const itlClean = 2
