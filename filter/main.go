@@ -140,8 +140,10 @@ type httpContext struct {
 	head     []byte
 	served   uint64
 	// streaming: the response is a server-sent event stream, one event per
-	// engine step; lastToken is when its last one came (Unix nanoseconds).
+	// step of the engine whose hash is clock; lastToken is when its last
+	// one came (Unix nanoseconds).
 	streaming bool
+	clock     uint64
 	lastToken int64
 }
 
@@ -387,7 +389,11 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 	}
 	if h.decided && h.decision.outcome == routed && !endOfStream {
 		if ct, err := proxywasm.GetHttpResponseHeader("content-type"); err == nil && strings.HasPrefix(ct, "text/event-stream") {
-			h.streaming = true
+			// The engine that answers, which a retry may have changed.
+			h.streaming, h.clock = true, h.endpoint
+			if len(served) > 0 {
+				h.clock = endpointHash(string(served))
+			}
 		}
 	}
 	if endOfStream {
@@ -400,7 +406,7 @@ func (h *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Actio
 	h.releasePrefill()
 	if h.streaming && size > 0 {
 		now := time.Now().UnixNano()
-		h.plugin.load.steps.token(h.endpoint, now, h.lastToken)
+		h.plugin.load.steps.token(h.clock, now, h.lastToken)
 		h.lastToken = now
 	}
 	if h.learning {
