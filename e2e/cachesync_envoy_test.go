@@ -549,3 +549,66 @@ func TestCachesyncOutagesNeverFailRequests(t *testing.T) {
 		t.Error("the outage left no trace in kvroute.sync.errors")
 	}
 }
+
+// TestStepClock: while requests stream through the gateway, the gateway
+// times the engine's steps by their tokens, and each decision's wait for
+// the step under way (step_wait_us) is where that step is: it varies from
+// probe to probe within a step's length. Without the clock it is half a
+// predicted step, the same for every probe of an unchanging batch. Each
+// Envoy worker knows only its own streams, so the streams go over
+// connections of their own, which Envoy spreads over both workers.
+func TestStepClock(t *testing.T) {
+	es := startEngines(t, 1, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 1})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+	system := strings.Repeat("Answer briefly and cite the policy section. ", 20)
+	waitFor(t, 10*time.Second, "a snapshot-driven decision", func() bool {
+		return strings.Contains(probe(t, g, system, "warm"), "reason=")
+	})
+
+	stream, _ := json.Marshal(map[string]any{"model": simModel, "max_tokens": 300, "stream": true,
+		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": "a long answer"}}})
+	const streams = 12 // every worker gets some: all 12 on one has odds of 1 in 2,000
+	done := make(chan error, streams)
+	for range streams {
+		go func() {
+			client := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+			resp, err := client.Post(g.url+"/v1/chat/completions", "application/json", bytes.NewReader(stream))
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+	}
+	t.Cleanup(func() {
+		for range streams {
+			<-done
+		}
+	})
+
+	time.Sleep(500 * time.Millisecond) // its first tokens: the clock starts
+	waits := map[int64]bool{}
+	var most int64
+	for range 40 {
+		d := probe(t, g, system, "how long is the wait?")
+		_, rest, ok := strings.Cut(d, "; step_wait_us=")
+		if !ok {
+			t.Fatalf("no step_wait_us in %q", d)
+		}
+		us, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ';')], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waits[us] = true
+		most = max(most, us)
+		time.Sleep(13 * time.Millisecond)
+	}
+	if len(waits) < 5 {
+		t.Errorf("step waits %v: the same few values, as without a clock", waits)
+	}
+	if most > 500_000 {
+		t.Errorf("a step wait of %d µs, longer than any step here", most)
+	}
+	t.Logf("%d distinct step waits, up to %d µs", len(waits), most)
+}
