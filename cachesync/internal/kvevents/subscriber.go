@@ -346,6 +346,14 @@ func (s *Subscriber) serve(ctx context.Context, src source) error {
 	// lost, and only the next batch would show it: check once soon.
 	idle := time.NewTimer(min(s.idleCheck(), time.Second))
 	defer idle.Stop()
+	// A subscriber that has only seen live batches has never had a replay
+	// return one, and cannot tell a restarted engine (nothing to replay at
+	// its old sequence numbers) from one that keeps no buffer: it would
+	// count the restart as an unverified break. Ask once, whatever the
+	// traffic, once something is applied and while the engine still holds
+	// it.
+	proof := time.NewTimer(time.Second)
+	defer proof.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -371,6 +379,14 @@ func (s *Subscriber) serve(ctx context.Context, src source) error {
 		case <-idle.C:
 			if s.cfg.ReplayEndpoint != "" {
 				s.catchUp(ctx, false)
+			}
+		case <-proof.C:
+			switch {
+			case s.cfg.ReplayEndpoint == "" || s.replayWorks:
+			case s.have:
+				s.catchUp(ctx, false)
+			default:
+				proof.Reset(time.Second)
 			}
 		}
 		idle.Reset(s.idleCheck())

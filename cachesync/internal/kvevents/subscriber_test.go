@@ -375,3 +375,38 @@ func TestNoLeaks(t *testing.T) {
 	})
 	goroutines(t, n)
 }
+
+// TestRestartAfterLiveOnly: a subscriber that has only ever received
+// batches live (it was there before the engine's first) still tells a
+// restart from an unverified break: it proves the replay socket once,
+// whatever the traffic.
+func TestRestartAfterLiveOnly(t *testing.T) {
+	f := startFake(t, fakeOpts{})
+	r := &recorder{}
+	s := run(t, Config{Endpoint: f.pubEP, ReplayEndpoint: f.replayEP, IdleCheck: time.Hour}, r)
+	// Subscribed before the engine's first batch, so every batch comes
+	// live and no gap ever asks the replay socket.
+	waitFor(t, "the connection", func() bool { return s.Stats().Connects > 0 })
+	time.Sleep(500 * time.Millisecond)
+	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); {
+		f.publish() // steady traffic: the idle check never fires
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := s.Stats(); st.Batches == 0 || st.Gaps != 0 {
+		t.Fatalf("the first batches did not all come live: %+v", st)
+	}
+	f.restart()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		f.publish()
+		time.Sleep(20 * time.Millisecond)
+		if bs, _ := r.snapshot(); bs[len(bs)-1].gen == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("nothing from the new process")
+		}
+	}
+	if _, resets := r.snapshot(); !slices.Equal(resets, []Reason{Restart}) {
+		t.Fatalf("resets %v, want one restart", resets)
+	}
+}
