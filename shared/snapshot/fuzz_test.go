@@ -23,7 +23,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add(second.AppendBundle(nil, first.Generation()))
 	tb := newBuilder(f, BuilderConfig{ShardBits: 1}, 1)
-	if err := tb.SetChatTemplates([]ChatTemplate{qwenLike}); err != nil {
+	if _, err := tb.SetChatTemplates([]ChatTemplate{qwenLike}); err != nil {
 		f.Fatal(err)
 	}
 	withTemplates := tb.Build(epoch)
@@ -45,7 +45,7 @@ func FuzzParse(f *testing.F) {
 					if p, e, err = nextTemplate(p); err != nil {
 						t.Fatalf("templates accepted an entry it cannot read: %v", err)
 					}
-					if _, ok := ts.lookup(e.model); !ok {
+					if _, ok := ts.lookup(string(e.model)); !ok {
 						t.Fatalf("template %q listed but not found", e.model)
 					}
 				}

@@ -1,10 +1,12 @@
 package snapshot
 
 import (
+	"bytes"
 	"errors"
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // ChatTemplate is the source of a chat template the engines of a model
@@ -47,41 +49,31 @@ func (t *ChatTemplate) validate() error {
 }
 
 // SetChatTemplates replaces the chat templates the snapshot ships, at most
-// one per model. The next Build writes a new templates part only if they
-// changed.
-func (b *Builder) SetChatTemplates(ts []ChatTemplate) error {
+// one per model, in any order, and reports whether they changed: only then
+// does the next Build write a new templates part.
+func (b *Builder) SetChatTemplates(ts []ChatTemplate) (changed bool, err error) {
 	if len(ts) > MaxChatTemplates {
-		return errors.New("snapshot: more than " + strconv.Itoa(MaxChatTemplates) + " chat templates")
+		return false, errors.New("snapshot: more than " + strconv.Itoa(MaxChatTemplates) + " chat templates")
 	}
 	seen := map[string]bool{}
 	for i := range ts {
 		if err := ts[i].validate(); err != nil {
-			return err
+			return false, err
 		}
 		if seen[ts[i].Model] {
-			return errors.New("snapshot: two chat templates for " + ts[i].Model)
+			return false, errors.New("snapshot: two chat templates for " + ts[i].Model)
 		}
 		seen[ts[i].Model] = true
 	}
 	sorted := slices.Clone(ts)
-	slices.SortFunc(sorted, func(a, b ChatTemplate) int { return compareStrings(a.Model, b.Model) })
+	slices.SortFunc(sorted, func(a, b ChatTemplate) int { return strings.Compare(a.Model, b.Model) })
 	if slices.EqualFunc(sorted, b.templates, func(a, b ChatTemplate) bool {
 		return a.Model == b.Model && a.Source == b.Source && maps.Equal(a.Special, b.Special)
 	}) {
-		return nil
+		return false, nil
 	}
 	b.templates, b.templatesChanged = sorted, true
-	return nil
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	return true, nil
 }
 
 // appendTemplates encodes a templates part. Body:
@@ -136,13 +128,13 @@ func parseTemplates(b []byte) (templates, error) {
 	t := templates{ref: partRef(b, int(n)), body: b[headerSize+8 : len(b)-trailerSize], n: int(n)}
 	t.ref.gen = gen
 	p := t.body
-	var prev string
+	var prev []byte
 	for i := range t.n {
 		var e templateEntry
 		if p, e, err = nextTemplate(p); err != nil {
 			return templates{}, err
 		}
-		if i > 0 && e.model <= prev {
+		if i > 0 && bytes.Compare(e.model, prev) <= 0 {
 			return templates{}, corrupt("templates: models not sorted or repeated")
 		}
 		prev = e.model
@@ -153,24 +145,24 @@ func parseTemplates(b []byte) (templates, error) {
 	return t, nil
 }
 
-// templateEntry is one template as read from the part: the strings are
-// views of the part's bytes only while being checked, copies when Lookup
-// returns them.
+// templateEntry is one template as read from the part, in place: a
+// refresh checks every entry without copying a source, and lookup copies
+// only the one it returns.
 type templateEntry struct {
-	model, source string
+	model, source []byte
 	special       []byte // count, then name/value pairs, as encoded
 	specials      int
 }
 
-func nextString(p []byte, limit int) ([]byte, string, error) {
+func nextString(p []byte, limit int) (rest, s []byte, err error) {
 	if len(p) < 4 {
-		return nil, "", corrupt("templates: truncated string")
+		return nil, nil, corrupt("templates: truncated string")
 	}
 	n := le.Uint32(p)
 	if uint64(n) > uint64(len(p)-4) || int(n) > limit {
-		return nil, "", corrupt("templates: string too long")
+		return nil, nil, corrupt("templates: string too long")
 	}
-	return p[4+n:], string(p[4 : 4+n]), nil
+	return p[4+n:], p[4 : 4+n], nil
 }
 
 func nextTemplate(p []byte) ([]byte, templateEntry, error) {
@@ -182,7 +174,7 @@ func nextTemplate(p []byte) ([]byte, templateEntry, error) {
 	if p, e.source, err = nextString(p, MaxChatTemplateLen); err != nil {
 		return nil, e, err
 	}
-	if e.model == "" || e.source == "" {
+	if len(e.model) == 0 || len(e.source) == 0 {
 		return nil, e, corrupt("templates: empty model or source")
 	}
 	if len(p) < 4 {
@@ -195,11 +187,11 @@ func nextTemplate(p []byte) ([]byte, templateEntry, error) {
 	start := p
 	p = p[4:]
 	for range e.specials {
-		var k string
+		var k []byte
 		if p, k, err = nextString(p, maxSpecialLen); err != nil {
 			return nil, e, err
 		}
-		if k == "" {
+		if len(k) == 0 {
 			return nil, e, corrupt("templates: empty special token name")
 		}
 		if p, _, err = nextString(p, maxSpecialLen); err != nil {
@@ -219,16 +211,16 @@ func (t *templates) lookup(model string) (ChatTemplate, bool) {
 		if p, e, err = nextTemplate(p); err != nil {
 			return ChatTemplate{}, false // checked when parsed; cannot happen
 		}
-		if e.model != model {
+		if string(e.model) != model {
 			continue
 		}
-		ct := ChatTemplate{Model: e.model, Source: e.source, Special: make(map[string]string, e.specials)}
+		ct := ChatTemplate{Model: model, Source: string(e.source), Special: make(map[string]string, e.specials)}
 		q := e.special[4:]
 		for range e.specials {
-			var k, v string
+			var k, v []byte
 			q, k, _ = nextString(q, maxSpecialLen)
 			q, v, _ = nextString(q, maxSpecialLen)
-			ct.Special[k] = v
+			ct.Special[string(k)] = string(v)
 		}
 		return ct, true
 	}

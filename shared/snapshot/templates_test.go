@@ -23,7 +23,7 @@ func TestChatTemplatesShipOnceAndFollowChanges(t *testing.T) {
 	}
 
 	other := ChatTemplate{Model: "acme/other", Source: "{{ messages[0].content }}"}
-	if err := b.SetChatTemplates([]ChatTemplate{qwenLike, other}); err != nil {
+	if _, err := b.SetChatTemplates([]ChatTemplate{qwenLike, other}); err != nil {
 		t.Fatal(err)
 	}
 	withTemplates := st.fetch(t, b.Build(epoch))
@@ -46,8 +46,8 @@ func TestChatTemplatesShipOnceAndFollowChanges(t *testing.T) {
 	}
 
 	// The same templates again, in another order: nothing new to copy.
-	if err := b.SetChatTemplates([]ChatTemplate{other, qwenLike}); err != nil {
-		t.Fatal(err)
+	if changed, err := b.SetChatTemplates([]ChatTemplate{other, qwenLike}); err != nil || changed {
+		t.Fatalf("the same templates reordered: changed %v, %v", changed, err)
 	}
 	unchanged := st.fetch(t, b.Build(epoch))
 	if unchanged >= withTemplates-len(qwenLike.Source) {
@@ -63,7 +63,7 @@ func TestChatTemplatesShipOnceAndFollowChanges(t *testing.T) {
 
 	changed := qwenLike
 	changed.Special = map[string]string{"bos_token": "<bos>"}
-	if err := b.SetChatTemplates([]ChatTemplate{changed}); err != nil {
+	if _, err := b.SetChatTemplates([]ChatTemplate{changed}); err != nil {
 		t.Fatal(err)
 	}
 	st.fetch(t, b.Build(epoch))
@@ -88,7 +88,7 @@ func TestChatTemplatesShipOnceAndFollowChanges(t *testing.T) {
 		t.Errorf("full bundle's template = %+v, %v", got, ok)
 	}
 
-	if err := b.SetChatTemplates(nil); err != nil {
+	if _, err := b.SetChatTemplates(nil); err != nil {
 		t.Fatal(err)
 	}
 	st.fetch(t, b.Build(epoch))
@@ -117,7 +117,7 @@ func TestSetChatTemplatesRefuses(t *testing.T) {
 		{"too many", many},
 	} {
 		b := newBuilder(t, BuilderConfig{ShardBits: 1}, 1)
-		if err := b.SetChatTemplates(c.ts); err == nil {
+		if _, err := b.SetChatTemplates(c.ts); err == nil {
 			t.Errorf("%s: accepted", c.name)
 		}
 	}
@@ -125,7 +125,7 @@ func TestSetChatTemplatesRefuses(t *testing.T) {
 
 func TestCorruptTemplates(t *testing.T) {
 	b := newBuilder(t, BuilderConfig{ShardBits: 1}, 1)
-	if err := b.SetChatTemplates([]ChatTemplate{qwenLike}); err != nil {
+	if _, err := b.SetChatTemplates([]ChatTemplate{qwenLike}); err != nil {
 		t.Fatal(err)
 	}
 	im := b.Build(epoch)
@@ -166,7 +166,7 @@ func TestCorruptTemplates(t *testing.T) {
 
 	// A bundle whose templates are not the manifest's is refused whole.
 	other := newBuilder(t, BuilderConfig{ShardBits: 1}, 1)
-	if err := other.SetChatTemplates([]ChatTemplate{{Model: "x", Source: "y"}}); err != nil {
+	if _, err := other.SetChatTemplates([]ChatTemplate{{Model: "x", Source: "y"}}); err != nil {
 		t.Fatal(err)
 	}
 	swapped := *im

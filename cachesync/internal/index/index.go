@@ -40,7 +40,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -136,7 +135,6 @@ type Index struct {
 	changed   bool
 	lastBuild time.Time
 	hashes    []uint64 // scratch for report hashes
-	templates []snapshot.ChatTemplate
 
 	rmu      sync.Mutex // guards reports
 	reports  []report.Batch
@@ -312,19 +310,11 @@ func (x *Index) setEndpoint(info snapshot.EndpointInfo, add bool) error {
 func (x *Index) SetChatTemplates(ts []snapshot.ChatTemplate) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if slices.EqualFunc(ts, x.templates, sameTemplate) {
-		return nil
+	changed, err := x.b.SetChatTemplates(ts)
+	if changed {
+		x.touched()
 	}
-	if err := x.b.SetChatTemplates(ts); err != nil {
-		return err
-	}
-	x.templates = slices.Clone(ts)
-	x.touched()
-	return nil
-}
-
-func sameTemplate(a, b snapshot.ChatTemplate) bool {
-	return a.Model == b.Model && a.Source == b.Source && maps.Equal(a.Special, b.Special)
+	return err
 }
 
 func sameInfo(a, b *snapshot.EndpointInfo) bool {
