@@ -194,27 +194,34 @@ func (d *Daemon) rejudge(ctx context.Context) {
 	d.shipTemplates()
 }
 
+// modelTemplate is the template the snapshot names for a model or adapter:
+// the one most engines serving it render with, as
+// snapshot.Manifest.ModelTemplate tallies their rows. With d.mu held.
+func (d *Daemon) modelTemplate(name string) prompt.Template {
+	var y prompt.Tally
+	for _, e := range d.engines {
+		if slices.Contains(e.last.Models, name) || slices.Contains(e.last.Adapters, name) {
+			y.Add(e.template.renders)
+		}
+	}
+	return y.Winner()
+}
+
 // shipTemplates puts in the snapshot the source of the template cachesync
-// holds for every model (or adapter) whose engines are found to render
-// with it, as snapshot.Manifest.ModelTemplate tallies them, so that
+// holds for every model (or adapter) the snapshot names custom, so that
 // gateways on auto render those models as the engines do. With d.mu held.
 func (d *Daemon) shipTemplates() {
 	var ships []snapshot.ChatTemplate
 	if d.custom != nil {
-		tally := map[string]*prompt.Tally{}
+		names := map[string]bool{}
 		for _, e := range d.engines {
-			for _, l := range [][]string{e.last.Models, e.last.Adapters} {
-				for _, m := range l {
-					if tally[m] == nil {
-						tally[m] = new(prompt.Tally)
-					}
-					tally[m].Add(e.template.renders)
-				}
+			for _, n := range slices.Concat(e.last.Models, e.last.Adapters) {
+				names[n] = true
 			}
 		}
-		for _, m := range slices.Sorted(maps.Keys(tally)) {
-			if tally[m].Winner() == prompt.Custom {
-				ships = append(ships, snapshot.ChatTemplate{Model: m, Source: d.custom.Source(), Special: d.custom.Special()})
+		for _, n := range slices.Sorted(maps.Keys(names)) {
+			if d.modelTemplate(n) == prompt.Custom {
+				ships = append(ships, snapshot.ChatTemplate{Model: n, Source: d.custom.Source(), Special: d.custom.Special()})
 			}
 		}
 	}
@@ -229,20 +236,12 @@ func (d *Daemon) shipTemplates() {
 
 // targets are the templates e must agree with: those the gateways name,
 // and, when some gateway renders each model with the template the snapshot
-// names for it, the one it will name for e's model (prompt.Tally over the
-// engines serving it, as snapshot.Manifest.ModelTemplate counts).
+// names for it, the one it will name for e's model (modelTemplate).
 func (d *Daemon) targets(e *engine, fixed []prompt.Template, auto bool) []prompt.Template {
 	if !auto {
 		return fixed
 	}
-	var y prompt.Tally
-	model := e.template.rendering.Model
-	for _, o := range d.engines {
-		if slices.Contains(o.last.Models, model) {
-			y.Add(o.template.renders)
-		}
-	}
-	t := y.Winner()
+	t := d.modelTemplate(e.template.rendering.Model)
 	if slices.Contains(fixed, t) {
 		return fixed
 	}
