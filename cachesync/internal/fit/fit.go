@@ -8,10 +8,11 @@
 // burst) take fifty times as long. Squared seconds let those few set the
 // coefficients and miss every ordinary request by half; squared relative
 // error weighs each request alike, which is also how the error is judged
-// (the median absolute percentage error). Fitted to the outcomes of a
-// b2b-saas bench run's 40 and 48 req/s stages (4 engines, 1,000 and 1,200
-// requests), the same terms miss by a median of 19% and 20% fitted
-// relatively, 59% and 152% in squared seconds.
+// (the median absolute percentage error). Fitted offline to the outcomes of
+// a b2b-saas bench run's 40 and 48 req/s stages (4 engines, 1,000 and 1,200
+// requests, dumped by a cachesync patched for the purpose), the same terms
+// miss by a median of 19% and 20% fitted relatively, 59% and 152% in
+// squared seconds. TestHeavyTail pins the difference on synthetic data.
 //
 // Each sample adds its outer product to a small normal-equation system
 // (4 unknowns for TTFT, 2 for ITL) after decaying the old ones, so a fit

@@ -197,18 +197,25 @@ func TestRestartWithoutReplay(t *testing.T) {
 	s := run(t, Config{Endpoint: f.pubEP}, r)
 	warmUp(t, f, s)
 	f.restart()
+	untilNewProcess(t, f, r)
+	if _, resets := r.snapshot(); !slices.Equal(resets, []Reason{Unverified}) {
+		t.Fatalf("resets %v", resets)
+	}
+}
+
+// untilNewProcess publishes from the restarted engine until the
+// subscriber applies one of its batches.
+func untilNewProcess(t *testing.T, f *fakeEngine, r *recorder) {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		f.publish()
 		time.Sleep(20 * time.Millisecond)
 		if bs, _ := r.snapshot(); bs[len(bs)-1].gen == 2 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("nothing from the new process")
 		}
-	}
-	if _, resets := r.snapshot(); !slices.Equal(resets, []Reason{Unverified}) {
-		t.Fatalf("resets %v", resets)
 	}
 }
 
@@ -236,16 +243,7 @@ func TestBind(t *testing.T) {
 	}
 	waitFor(t, "live batches", lastSeq(r, last, 1))
 	f.restart()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		f.publish()
-		time.Sleep(20 * time.Millisecond)
-		if bs, _ := r.snapshot(); bs[len(bs)-1].gen == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("nothing from the new process")
-		}
-	}
+	untilNewProcess(t, f, r)
 	// Whether the new process's replay socket is up when the old
 	// connection's end is noticed decides how the restart shows.
 	bs, resets := r.snapshot()
@@ -396,16 +394,7 @@ func TestRestartAfterLiveOnly(t *testing.T) {
 		t.Fatalf("the first batches did not all come live: %+v", st)
 	}
 	f.restart()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		f.publish()
-		time.Sleep(20 * time.Millisecond)
-		if bs, _ := r.snapshot(); bs[len(bs)-1].gen == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("nothing from the new process")
-		}
-	}
+	untilNewProcess(t, f, r)
 	if _, resets := r.snapshot(); !slices.Equal(resets, []Reason{Restart}) {
 		t.Fatalf("resets %v, want one restart", resets)
 	}
