@@ -98,17 +98,22 @@ func TestPendingPlacements(t *testing.T) {
 	for _, p := range []struct {
 		endpoint     string
 		blocks       int
+		isNew        bool
 		ttft, placed int64 // ms; placed relative to the build
 	}{
-		{reports, 1, 0, -300},      // reported, and built in
-		{reports, 10, 0, -100},     // reported after the build's cut
-		{events, 100, 1500, -1000}, // still prefilling at the build
-		{events, 1000, 500, -3000}, // prefilled and evented long before
+		{reports, 1, true, 0, -300},      // reported, and built in
+		{reports, 10, false, 0, -100},    // reported after the build's cut
+		{reports, 20, true, 0, -50},      // likewise, and new there
+		{events, 100, true, 1500, -1000}, // still prefilling at the build
+		{events, 1000, true, 500, -3000}, // prefilled and evented long before
 	} {
-		tr.placed.table.Add(endpointHash(p.endpoint), h, p.blocks, p.ttft, ms+p.placed, far)
+		tr.placed.table.Add(endpointHash(p.endpoint), h, p.blocks, p.isNew, p.ttft, ms+p.placed, far)
 	}
 	tr.pending(m)
-	if got := []int{tr.local[0].Pending, tr.local[1].Pending}; got[0] != 10 || got[1] != 100 {
-		t.Errorf("pending blocks %v, want [10 100]", got)
+	if got := []int{tr.local[0].Pending, tr.local[1].Pending}; got[0] != 30 || got[1] != 100 {
+		t.Errorf("pending blocks %v, want [30 100]", got)
+	}
+	if got := []int{tr.local[0].PendingPrefixes, tr.local[1].PendingPrefixes}; got[0] != 1 || got[1] != 1 {
+		t.Errorf("pending prefixes %v, want [1 1]", got)
 	}
 }

@@ -127,6 +127,9 @@ func (t *loadTracker) pending(m *snapshot.Manifest) {
 		}
 		if shown > built {
 			t.local[i].Pending += e.Blocks
+			if e.New {
+				t.local[i].PendingPrefixes++
+			}
 		}
 	})
 }

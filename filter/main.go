@@ -312,7 +312,7 @@ func (h *httpContext) account(d *decision) {
 	// shows it. One mostly cached adds only its own tail, which the
 	// requests that follow closely do not share.
 	if r := h.plugin.router; d.reason != reasonRendezvous && 2*d.policy.Blocks < r.blocks && d.policy.Blocks+placed.Stride <= len(r.hashes) {
-		h.plugin.load.placed.add(h.endpoint, r.hashes, r.blocks-d.policy.Blocks, d.policy.Chosen.TTFT)
+		h.plugin.load.placed.add(h.endpoint, r.hashes, r.blocks-d.policy.Blocks, d.policy.Blocks == 0, d.policy.Chosen.TTFT)
 	}
 	if h.session != 0 && d.reason != reasonRendezvous {
 		h.plugin.load.sessions.pin(h.session, h.endpoint)

@@ -36,13 +36,13 @@ func (p *placements) match(hashes []uint64, fn func(endpoint uint64, blocks int)
 }
 
 // add records that hashes went to endpoint, bringing it blocks it did not
-// hold, with its first token predicted after ttft.
-func (p *placements) add(endpoint uint64, hashes []uint64, blocks int, ttft time.Duration) {
+// hold (all of them: isNew), with its first token predicted after ttft.
+func (p *placements) add(endpoint uint64, hashes []uint64, blocks int, isNew bool, ttft time.Duration) {
 	if len(hashes) < placed.Stride {
 		return
 	}
 	now := time.Now()
 	ttft = min(ttft, time.Minute)
 	expires := now.Add(2*ttft + placedLinger).UnixMilli()
-	p.stored.update(&p.table, func() { p.table.Add(endpoint, hashes, blocks, ttft.Milliseconds(), now.UnixMilli(), expires) })
+	p.stored.update(&p.table, func() { p.table.Add(endpoint, hashes, blocks, isNew, ttft.Milliseconds(), now.UnixMilli(), expires) })
 }

@@ -6,16 +6,24 @@ package policy
 // the share of the pool's traffic it brings is paid for as long as it
 // stays cached. So of the endpoints where its first token is predicted
 // within one cold prefill of the quickest (a roomy endpoint with a long
-// queue is passed over), it may go only to those whose cache is within
-// half this prompt of the emptiest, counting the prefills in flight there,
-// which the index has not seen yet; the price picks among them. The delay
-// its prefill adds to the requests already there is paid once too, and
-// does not count against room: it kept a fifth group off an engine with
-// two requests running in a b2b-saas warm-up, and onto one that then
-// carried five of sixteen. Placed so, the pool's prefixes spread evenly
-// over its caches whatever order they arrive in, instead of following
-// whichever endpoint is idle at the moment a prefix is first seen. Any
-// other prompt may go to any eligible endpoint.
+// queue is passed over), it may go only to those drawing traffic with the
+// fewest prefixes, counting those placed there since the snapshot, and of
+// those to the ones whose cache is within half this prompt of the
+// emptiest, counting the prefills in flight there, which the index has not
+// seen yet; the price picks among them.
+//
+// Prefixes come first because blocks are a poor count of traffic: one
+// tenant's unique questions hold as many blocks as another's shared system
+// prompt. By blocks alone, an engine holding three b2b-saas groups whose
+// questions had all been asked looked as full as one holding four, and
+// the price (the delay the prefill adds to the one more request running
+// there, paid once) sent a sixteenth group to the four: 5/4/4/3 groups,
+// and requests per engine 20% apart for the rest of the run.
+//
+// Placed so, the pool's prefixes spread evenly over its caches whatever
+// order they arrive in, instead of following whichever endpoint is idle at
+// the moment a prefix is first seen. Any other prompt may go to any
+// eligible endpoint.
 func placeNew(cands []cand, j *job) {
 	most, quickest := 0.0, -1
 	for i := range cands {
@@ -33,10 +41,18 @@ func placeNew(cands []cand, j *job) {
 		return
 	}
 	limit := cands[quickest].ttft + cands[quickest].prefill
-	emptiest := -1.0
+	fewest := -1
 	for i := range cands {
 		c := &cands[i]
 		c.roomy = c.eligible && c.ttft <= limit
+		if c.roomy && (fewest < 0 || c.prefixes < fewest) {
+			fewest = c.prefixes
+		}
+	}
+	emptiest := -1.0
+	for i := range cands {
+		c := &cands[i]
+		c.roomy = c.roomy && c.prefixes == fewest
 		if c.roomy && c.fill >= 0 && (emptiest < 0 || c.fill < emptiest) {
 			emptiest = c.fill
 		}

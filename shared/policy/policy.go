@@ -190,6 +190,9 @@ type Local struct {
 	// and the snapshot does not show them yet. They count in how full its
 	// cache is when a new prefix is placed.
 	Pending int
+	// PendingPrefixes is how many of those were prompts new to the
+	// endpoint: prefixes the snapshot's Prefixes does not count yet.
+	PendingPrefixes int
 	// StepAge and StepLength are the engine's step clock as this gateway's
 	// streams show it: how long ago the engine's last step ended (a token
 	// reached a stream) and how long that step took (the gap between a

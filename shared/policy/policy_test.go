@@ -24,6 +24,7 @@ type ep struct {
 	info        snapshot.EndpointInfo
 	blocks, gpu int
 	other       int // blocks of other prompts it holds
+	prefixes    int // the prefixes cachesync counts for it
 }
 
 func healthy(load int) snapshot.EndpointInfo {
@@ -62,6 +63,7 @@ func fixture(t testing.TB, eps []ep) (*snapshot.View, []uint64) {
 		for j := range e.other {
 			b.Add(slot, uint64(i)<<40|uint64(j), snapshot.TierGPU)
 		}
+		b.SetPrefixes(slot, e.prefixes)
 	}
 	return view(t, b), hashes
 }
@@ -224,6 +226,22 @@ func TestPick(t *testing.T) {
 		{
 			name: "a new prefix goes to cache room, not to whoever is idle this moment",
 			eps:  []ep{{info: withCapacity(healthy(0), 20000), other: 6000}, {info: withCapacity(healthy(second/2), 20000), other: 2000}},
+			want: []int{1}, reason: ReasonLeastLoad,
+		},
+		{
+			// Three prefixes whose unique suffixes fill as many blocks
+			// as four with few: the traffic follows the prefixes.
+			name: "a new prefix goes to the fewest prefixes, though their blocks fill as much",
+			eps: []ep{{info: withCapacity(healthy(0), 40000), other: 8200, prefixes: 4},
+				{info: withCapacity(withRunning(healthy(0), 2), 40000), other: 8400, prefixes: 3},
+				{info: withCapacity(healthy(0), 40000), other: 8000, prefixes: 4}},
+			want: []int{1}, reason: ReasonLeastLoad,
+		},
+		{
+			name: "prefixes this gateway placed since the snapshot count",
+			eps: []ep{{info: withCapacity(healthy(0), 40000), other: 8000, prefixes: 3},
+				{info: withCapacity(healthy(0), 40000), other: 8000, prefixes: 3}},
+			req:  Request{Local: []Local{{PendingPrefixes: 1}}},
 			want: []int{1}, reason: ReasonLeastLoad,
 		},
 		{

@@ -52,6 +52,7 @@ type cand struct {
 	prefill  float64 // seconds its own uncached tokens take to prefill there
 	fill     float64 // its cache's fill, pending prefills included; -1 unknown
 	capacity float64 // its cache's blocks
+	prefixes int     // the prefixes its cache draws traffic with, pending ones included
 	roomy    bool    // passed placeNew's test (all eligible do, unless the prompt is new to the pool)
 }
 
@@ -129,6 +130,7 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	}
 
 	c.prefill = c.uncached * mdl.PerUncachedToken()
+	c.prefixes = e.Prefixes() + local.PendingPrefixes
 	c.fill = -1
 	if capacity := float64(e.IndexCapacity()); capacity > 0 {
 		c.capacity = capacity

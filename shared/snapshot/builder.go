@@ -166,10 +166,13 @@ type Builder struct {
 }
 
 type epState struct {
-	info   EndpointInfo
-	since  uint64
-	held   int // text blocks the index holds for it, in any tier
-	vacant bool
+	info  EndpointInfo
+	since uint64
+	held  int // text blocks the index holds for it, in any tier
+	// prefixes is how many distinct prompt prefixes it holds that
+	// gateways recently routed there (SetPrefixes).
+	prefixes int
+	vacant   bool
 }
 
 type shardState struct {
@@ -364,6 +367,18 @@ func (b *Builder) ClearEndpoint(slot int) {
 		}
 	}
 	b.eps[slot].held = 0
+}
+
+// SetPrefixes records how many distinct prompt prefixes the endpoint in slot
+// holds that gateways recently routed there: the traffic its cache draws,
+// counted in prefixes rather than blocks (see Endpoint.Prefixes). It
+// reports whether the count changed.
+func (b *Builder) SetPrefixes(slot, n int) bool {
+	if !b.live(slot) || b.eps[slot].prefixes == n {
+		return false
+	}
+	b.eps[slot].prefixes = min(max(n, 0), math.MaxUint32)
+	return true
 }
 
 // Entries returns the number of block hashes indexed.

@@ -184,7 +184,7 @@ func TestCorruptStructure(t *testing.T) {
 		{"shard newer than the manifest", man(func(b []byte) { le.PutUint64(b[manifestFixed:], m.Generation()+1) })},
 		{"health", man(func(b []byte) { b[epAt+20] = 9 })},
 		{"unknown template", man(func(b []byte) { b[epAt+21] = 200 })},
-		{"reserved word", man(func(b []byte) { b[epAt+93] = 1 })},
+		{"reserved byte", man(func(b []byte) { b[epAt+23] = 1 })},
 		{"address past the strings", man(func(b []byte) { le.PutUint32(b[epAt+8:], 1<<20) })},
 		{"KV usage NaN", man(func(b []byte) { le.PutUint32(b[epAt+40:], math.Float32bits(float32(math.NaN()))) })},
 		{"KV usage above 1", man(func(b []byte) { le.PutUint32(b[epAt+40:], math.Float32bits(1.5)) })},

@@ -111,7 +111,8 @@
 //	60   4     ITL samples
 //	64   20    TTFT coefficients, 5 float32, each finite and >= 0
 //	84   8     ITL coefficients, 2 float32, likewise
-//	92   4     reserved, 0
+//	92   4     distinct prompt prefixes (first blocks) the index holds for
+//	           the endpoint that gateways routed there recently
 //
 // The templates body (the chat templates of models whose engines render
 // with a template kvroute has no name for, an endpoint's template byte

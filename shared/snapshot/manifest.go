@@ -170,7 +170,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 	r := e.r
 	addrOff, addrLen := uint64(le.Uint32(r[8:])), uint64(le.Uint16(r[12:]))
 	names, idOff := uint64(le.Uint16(r[14:])), uint64(le.Uint32(r[16:]))
-	if r[22] > 1 || r[23] != 0 || le.Uint32(r[92:]) != 0 || !prompt.Template(r[21]).Known() {
+	if r[22] > 1 || r[23] != 0 || !prompt.Template(r[21]).Known() {
 		return false
 	}
 	if addrLen == 0 { // vacant: nothing else may be set
@@ -212,6 +212,14 @@ func (m *Manifest) ModelTemplate(id int) prompt.Template {
 // IndexBlocks returns the text blocks the index holds for the endpoint, in
 // any tier.
 func (e Endpoint) IndexBlocks() int { return int(le.Uint32(e.r[48:])) }
+
+// Prefixes returns how many distinct prompt prefixes (a prompt's first
+// block) the index holds for the endpoint that gateways routed there
+// recently. Where new prefixes go decides how evenly the pool's traffic
+// spreads for as long as they stay cached, and a block count is a poor
+// measure of that: one tenant's unique questions hold as many blocks as
+// another tenant's shared system prompt.
+func (e Endpoint) Prefixes() int { return int(le.Uint32(e.r[92:])) }
 
 // IndexCapacity returns the text blocks the endpoint's cache holds as the
 // index sizes it; 0 if unknown.
@@ -385,6 +393,7 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 			le.PutUint32(r[44:], math.Float32bits(float32(e.info.PrefillRate)))
 			le.PutUint32(r[48:], uint32(e.held))
 			le.PutUint32(r[52:], uint32(e.info.IndexCapacity))
+			le.PutUint32(r[92:], uint32(e.prefixes))
 			mdl := &e.info.Model
 			le.PutUint32(r[56:], mdl.TTFTSamples)
 			le.PutUint32(r[60:], mdl.ITLSamples)

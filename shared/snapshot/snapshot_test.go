@@ -300,6 +300,9 @@ func TestEndpointLoadTerms(t *testing.T) {
 			t.Errorf("Holds(%d, %d, %v) = %v, want %v", c.slot, c.h, c.tier, got, c.want)
 		}
 	}
+	if !b.SetPrefixes(slot, 7) || b.SetPrefixes(slot, 7) || b.SetPrefixes(9, 1) {
+		t.Error("SetPrefixes: a change not reported, a non-change or an unknown slot reported")
+	}
 	m, err := ParseManifest(b.Build(epoch).manifest)
 	if err != nil {
 		t.Fatal(err)
@@ -307,6 +310,9 @@ func TestEndpointLoadTerms(t *testing.T) {
 	e := m.Endpoint(slot)
 	if e.IndexBlocks() != 10 || e.IndexCapacity() != 5000 || m.Endpoint(other).IndexBlocks() != 10 {
 		t.Errorf("row: %d blocks of %d, other %d", e.IndexBlocks(), e.IndexCapacity(), m.Endpoint(other).IndexBlocks())
+	}
+	if e.Prefixes() != 7 || m.Endpoint(other).Prefixes() != 0 {
+		t.Errorf("prefixes %d and %d, want 7 and 0", e.Prefixes(), m.Endpoint(other).Prefixes())
 	}
 	if got := e.LatencyModel(); got != mdl {
 		t.Errorf("model %+v, want %+v", got, mdl)

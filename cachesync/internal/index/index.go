@@ -171,6 +171,10 @@ type endpoint struct {
 	// otherwise keep an evicted prefix looking held, each report renewing
 	// it, and keep attracting the requests that renew it.
 	evicted map[uint64]int64
+	// roots maps the first block of every prompt a report routed here to
+	// when it was last reported (Unix nanoseconds): the prefixes whose
+	// traffic the endpoint's cache draws (countPrefixes).
+	roots map[uint64]int64
 
 	// epoch changes (under both Index.mu and qmu) when the endpoint
 	// leaves precise mode or is removed: a Sink of an older epoch is
@@ -610,6 +614,41 @@ func (x *Index) addPending(ep *endpoint, hashes []uint64, now int64) int {
 	return added
 }
 
+// PrefixWindow is how long a prefix counts in its endpoint's Prefixes after
+// a report last routed a prompt of it there. A prefix that draws no
+// traffic for a minute brings the endpoint no load, and a one-off prompt
+// is not a prefix anyone comes back for; both stop counting even while
+// the engine still holds their blocks.
+const PrefixWindow = time.Minute
+
+// noteRoot records that a report routed a prompt whose first block is h to
+// ep; x.mu is held. The set is bounded by the endpoint's capacity.
+func (x *Index) noteRoot(ep *endpoint, h uint64, now int64) {
+	if ep.roots == nil {
+		ep.roots = make(map[uint64]int64)
+	}
+	if _, ok := ep.roots[h]; ok || len(ep.roots) < ep.capacity {
+		ep.roots[h] = now
+	}
+}
+
+// countPrefixes returns how many of the prefixes reported for ep within
+// PrefixWindow its index entries hold, and forgets the older ones; x.mu is
+// held. One reported but not held yet (its engine's event has not come)
+// stays, to count once it is.
+func (x *Index) countPrefixes(ep *endpoint, now int64) int {
+	n := 0
+	for h, t := range ep.roots {
+		switch {
+		case t <= now-int64(PrefixWindow):
+			delete(ep.roots, h)
+		case x.b.Holds(ep.slot, h, snapshot.TierGPU) || x.b.Holds(ep.slot, h, snapshot.TierCPU):
+			n++
+		}
+	}
+	return n
+}
+
 // expirePending removes the pending blocks of ep that no event confirmed
 // in time; x.mu is held.
 func (x *Index) expirePending(ep *endpoint, now int64) {
@@ -675,10 +714,14 @@ func (x *Index) applyReports() {
 				continue
 			}
 			ep := x.eps[string(e.Endpoint())]
-			switch {
-			case ep == nil:
+			if ep == nil {
 				unknown++
 				continue
+			}
+			if e.NumHashes() > 0 {
+				x.noteRoot(ep, e.Hash(0), now)
+			}
+			switch {
 			case ep.mode != Approximate && x.pendingTTL == 0:
 				precise++
 				continue
@@ -772,6 +815,11 @@ func (x *Index) Publish() *snapshot.Image {
 		if ep.mode == Precise {
 			x.applyOps(ep)
 			x.expirePending(ep, now)
+		}
+	}
+	for _, ep := range x.eps {
+		if x.b.SetPrefixes(ep.slot, x.countPrefixes(ep, now)) {
+			x.changed = true
 		}
 	}
 	if !x.changed {

@@ -757,3 +757,60 @@ func TestDecisions(t *testing.T) {
 		t.Errorf("Decisions = %v, want %v", got, want)
 	}
 }
+
+// TestPrefixes: an endpoint's Prefixes counts the distinct first blocks of
+// the prompts reports routed there within PrefixWindow that its index
+// holds; a prefix reported before its engine's event counts once the event
+// comes, one evicted or silent for the window stops counting.
+func TestPrefixes(t *testing.T) {
+	x := newIndex(t, Config{})
+	clock := time.Unix(1_790_000_000, 0)
+	x.now = func() time.Time { return clock }
+	addEndpoints(t, x, 2, Precise)
+	a := sink(t, x, addr(0))
+	prefixes := func() [2]int {
+		t.Helper()
+		m := viewOf(t, x.Publish()).Manifest()
+		var n [2]int
+		for i := range m.NumEndpoints() {
+			switch m.Endpoint(i).Addr() {
+			case addr(0):
+				n[0] = m.Endpoint(i).Prefixes()
+			case addr(1):
+				n[1] = m.Endpoint(i).Prefixes()
+			}
+		}
+		return n
+	}
+	for _, h := range hs(1, 2, 3, 10, 11, 20) {
+		a.Add(h, snapshot.TierGPU)
+	}
+	x.Report(batch(t,
+		report.Record{Endpoint: addr(0), Hashes: hs(1, 2, 3)},
+		report.Record{Endpoint: addr(0), Hashes: hs(1, 2, 4)}, // the same prefix, another question
+		report.Record{Endpoint: addr(0), Hashes: hs(10, 11)},
+		report.Record{Endpoint: addr(0), Hashes: hs(30, 31)}, // its engine's event has not come
+		report.Record{Endpoint: addr(1), Hashes: hs(40)},     // nor here
+	))
+	if got := prefixes(); got != [2]int{2, 0} {
+		t.Fatalf("prefixes %v, want [2 0]: 20 held but never reported, 30 reported but not held", got)
+	}
+	a.Add(H(30), snapshot.TierGPU)
+	if got := prefixes(); got != [2]int{3, 0} {
+		t.Fatalf("once 30 is stored: %v, want [3 0]", got)
+	}
+	a.Remove(H(10), snapshot.TierGPU)
+	clock = clock.Add(PrefixWindow / 2)
+	x.Report(batch(t, report.Record{Endpoint: addr(0), Hashes: hs(1, 2)}))
+	if got := prefixes(); got != [2]int{2, 0} {
+		t.Fatalf("after 10's eviction: %v, want [2 0]", got)
+	}
+	clock = clock.Add(PrefixWindow/2 + time.Millisecond)
+	if got := prefixes(); got != [2]int{1, 0} {
+		t.Fatalf("a window after: %v, want [1 0], the prefix reported since", got)
+	}
+	a.Clear()
+	if got := prefixes(); got != [2]int{0, 0} {
+		t.Fatalf("after Clear: %v, want none", got)
+	}
+}

@@ -24,7 +24,8 @@
 //
 //	"KVPL" u16 version u16 entries
 //	per entry: u64 endpoint hash, i64 expiry (unix ms), i64 placed at
-//	           (unix ms), u32 predicted TTFT (ms), u32 blocks, u16 samples,
+//	           (unix ms), u32 predicted TTFT (ms), u32 blocks, u8 flags
+//	           (bit 0: new to the endpoint), u16 samples,
 //	           samples x u64 block hash
 //
 // A Table is decoded into and reused, so the request path does not allocate
@@ -38,9 +39,9 @@ import (
 
 const (
 	magic     = "KVPL"
-	version   = 2
+	version   = 3
 	headSize  = 8
-	entryHead = 34
+	entryHead = 35
 	// Stride is the distance, in blocks, between a prompt's samples.
 	Stride = 16
 	// MaxSamples bounds one entry: prompts are matched up to
@@ -70,7 +71,11 @@ type Entry struct {
 	At       int64  // when it was placed, unix milliseconds
 	TTFT     int64  // its predicted time to first token, milliseconds
 	Blocks   int    // the prompt's blocks the endpoint did not hold
-	Samples  []uint64
+	// New says the endpoint held none of the prompt: it is a prefix new
+	// there, which cachesync counts in the endpoint's Prefixes once its
+	// report is in.
+	New     bool
+	Samples []uint64
 }
 
 // Table is a decoded placement table, oldest entry first.
@@ -99,14 +104,14 @@ func (t *Table) Decode(b []byte) error {
 			t.reset()
 			return ErrCorrupt
 		}
-		k := int(le.Uint16(b[32:]))
-		if k > MaxSamples || len(b) < entryHead+8*k {
+		k := int(le.Uint16(b[33:]))
+		if b[32] > 1 || k > MaxSamples || len(b) < entryHead+8*k {
 			t.reset()
 			return ErrCorrupt
 		}
 		e := t.grow()
 		e.Endpoint, e.Expires, e.At = le.Uint64(b), int64(le.Uint64(b[8:])), int64(le.Uint64(b[16:]))
-		e.TTFT, e.Blocks = int64(le.Uint32(b[24:])), int(le.Uint32(b[28:]))
+		e.TTFT, e.Blocks, e.New = int64(le.Uint32(b[24:])), int(le.Uint32(b[28:])), b[32] == 1
 		for i := range k {
 			e.Samples = append(e.Samples, le.Uint64(b[entryHead+8*i:]))
 		}
@@ -130,6 +135,7 @@ func (t *Table) Append(dst []byte) []byte {
 		dst = le.AppendUint64(dst, uint64(e.At))
 		dst = le.AppendUint32(dst, uint32(e.TTFT))
 		dst = le.AppendUint32(dst, uint32(e.Blocks))
+		dst = append(dst, boolByte(e.New))
 		dst = le.AppendUint16(dst, uint16(len(e.Samples)))
 		for _, s := range e.Samples {
 			dst = le.AppendUint64(dst, s)
@@ -138,12 +144,19 @@ func (t *Table) Append(dst []byte) []byte {
 	return dst
 }
 
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Add records that the prompt of chained block hashes went to endpoint at
-// now, bringing it blocks it did not hold, with its first token predicted
-// ttft milliseconds later, until expires; it drops the entries expired at
-// now, and the oldest if the table is full. A prompt shorter than a stride
-// is not recorded: it has nothing to match.
-func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, ttft, now, expires int64) {
+// now, bringing it blocks it did not hold (all of them: isNew), with its
+// first token predicted ttft milliseconds later, until expires; it drops
+// the entries expired at now, and the oldest if the table is full. A prompt
+// shorter than a stride is not recorded: it has nothing to match.
+func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, isNew bool, ttft, now, expires int64) {
 	kept := t.entries[:0]
 	for _, e := range t.entries {
 		if e.Expires > now {
@@ -166,7 +179,7 @@ func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, ttft, now, exp
 	}
 	e := t.grow()
 	e.Endpoint, e.Expires, e.At = endpoint, expires, now
-	e.TTFT, e.Blocks = min(max(ttft, 0), 1<<32-1), min(max(blocks, 0), 1<<31-1)
+	e.TTFT, e.Blocks, e.New = min(max(ttft, 0), 1<<32-1), min(max(blocks, 0), 1<<31-1), isNew
 	for i := range k {
 		e.Samples = append(e.Samples, hashes[(i+1)*Stride-1])
 	}
