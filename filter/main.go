@@ -145,6 +145,10 @@ type httpContext struct {
 	streaming bool
 	clock     uint64
 	lastToken int64
+	// stepLeft and stepLength are the clock of the endpoint as it was when
+	// the request was routed (stepLength 0: not known, or not to learn
+	// from), for its lead (stepClocks.learn).
+	stepLeft, stepLength int64
 }
 
 func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
@@ -307,6 +311,9 @@ func (h *httpContext) account(d *decision) {
 	h.requestPending = true
 	h.plugin.m.inflight.Add(1)
 	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: h.prefillPending, Requests: 1})
+	if d.policy.UncachedTokens <= maxLeadTokens {
+		h.stepLeft, h.stepLength = h.plugin.load.steps.at(h.endpoint, h.routedAt.UnixNano())
+	}
 	// A prompt mostly new to its endpoint (a new prefix, or a copy) is
 	// remembered for the requests sharing it that come before the snapshot
 	// shows it. One mostly cached adds only its own tail, which the
@@ -406,6 +413,9 @@ func (h *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Actio
 	h.releasePrefill()
 	if h.streaming && size > 0 {
 		now := time.Now().UnixNano()
+		if h.lastToken == 0 && h.clock == h.endpoint && h.stepLength > 0 {
+			h.plugin.load.steps.learn(h.clock, h.stepLeft, h.stepLength, now-h.routedAt.UnixNano())
+		}
 		h.plugin.load.steps.token(h.clock, now, h.lastToken)
 		h.lastToken = now
 	}

@@ -198,6 +198,10 @@ type Local struct {
 	// reached a stream) and how long that step took (the gap between a
 	// stream's last two tokens), in seconds. StepLength 0: not known.
 	StepAge, StepLength float64
+	// StepLead is how long before a step's end a request must be sent to
+	// join the next step, in seconds, as the gateway learned it; one sent
+	// later waits a step more.
+	StepLead float64
 }
 
 // Request is what Pick decides on.

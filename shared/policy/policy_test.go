@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -596,6 +597,11 @@ func TestStepWait(t *testing.T) {
 		{Local{Requests: 4}, -1}, // half of the predicted ITL
 		{Local{}, 0},             // idle: the engine starts a step for it at once
 		{Local{Requests: 4, StepAge: 0.2, StepLength: 0.05}, 0},
+		// Less left than the lead: the request misses the step's end and
+		// waits out the next step too.
+		{Local{Requests: 4, StepAge: 0.048, StepLength: 0.05, StepLead: 0.003}, 0.052},
+		{Local{Requests: 4, StepAge: 0.046, StepLength: 0.05, StepLead: 0.003}, 0.004},
+		{Local{Requests: 4, StepAge: 0.2, StepLength: 0.05, StepLead: 0.003}, 0.05},
 	} {
 		v, hashes := fixture(t, []ep{warm(0, promptBlocks)})
 		d := picker(t, nil).Pick(v, &Request{Model: model, Hashes: hashes, OutputTokens: 100, Local: []Local{c.local}})
@@ -606,7 +612,7 @@ func TestStepWait(t *testing.T) {
 			if half := d.Chosen.ITL.Seconds() / 2; !(got > 0.9*half && got < half) {
 				t.Errorf("local %+v: wait %.6f s, want just under half the ITL, %.6f", c.local, got, half)
 			}
-		} else if got != c.want {
+		} else if math.Abs(got-c.want) > 1e-6 {
 			t.Errorf("local %+v: wait %.6f s, want %.6f", c.local, got, c.want)
 		}
 	}

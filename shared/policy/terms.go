@@ -200,15 +200,21 @@ func (c *cand) terms(slot int) Terms {
 
 func seconds(s float64) time.Duration { return time.Duration(min(s, 1e9) * float64(time.Second)) }
 
-// stepLeft is what the engine's step under way has left to run: known to a
-// few milliseconds from the gateway's own streams while it streams from the
-// engine; otherwise half a predicted step, the average over arrivals, when
-// the engine is busy, and nothing when it is idle. A step that has already
-// run past the length of the last one (it holds a prefill) is taken to end
-// now: how much longer is not known.
+// stepLeft is what the engine must run before it starts a step the request
+// joins: what the step under way has left, known to a few milliseconds from
+// the gateway's own streams while it streams from the engine, and the whole
+// next step too when less is left than the request needs to reach the
+// engine's scheduler (the learned lead). Otherwise half a predicted step,
+// the average over arrivals, when the engine is busy, and nothing when it
+// is idle. A step that has already run past the length of the last one (it
+// holds a prefill) is taken to end now, which no request can make.
 func stepLeft(local Local, running, waiting, itl float64) float64 {
 	if local.StepLength > 0 {
-		return max(local.StepLength-local.StepAge, 0)
+		left := max(local.StepLength-local.StepAge, 0)
+		if left < local.StepLead {
+			left += local.StepLength
+		}
+		return left
 	}
 	if running+waiting == 0 {
 		return 0
