@@ -184,6 +184,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		for _, sel := range []string{
 			`kvroute_cachesync_engine_requests{engine="` + e.Addr() + `",state="running"}`,
 			`kvroute_cachesync_engine_index_blocks{engine="` + e.Addr() + `"}`,
+			`kvroute_cachesync_engine_prefixes{engine="` + e.Addr() + `"}`,
 			`kvroute_cachesync_engine_prefill_rate_tokens_per_second{engine="` + e.Addr() + `"}`,
 		} {
 			if _, ok := got[sel]; !ok {

@@ -15,17 +15,18 @@ var (
 	descEngineReqs    = prometheus.NewDesc(ns+"engine_requests", "An engine's requests by state, as last scraped.", []string{"engine", "state"}, nil)
 	descEngineKV      = prometheus.NewDesc(ns+"engine_kv_cache_usage_ratio", "An engine's KV-cache usage, as last scraped.", []string{"engine"}, nil)
 	descEngineIndex   = prometheus.NewDesc(ns+"engine_index_blocks", "An engine's entries in the latest snapshot's index.", []string{"engine"}, nil)
+	descEnginePrefix  = prometheus.NewDesc(ns+"engine_prefixes", "The distinct prompt prefixes an engine's index entries hold that gateways routed there in the last minute, in the latest snapshot: what new prefixes are placed by.", []string{"engine"}, nil)
 )
 
 // engineStatus returns the engines' rows for the status page and the
 // per-engine metrics, which read nothing else.
 func (d *Daemon) engineStatus() []service.EngineStatus {
-	blocks := map[string]int{}
+	blocks, prefixes := map[string]int{}, map[string]int{}
 	if im := d.ix.Image(); im != nil {
 		if m, err := im.Manifest(); err == nil {
 			for i := range m.NumEndpoints() {
 				if e := m.Endpoint(i); !e.Vacant() {
-					blocks[e.Addr()] = e.IndexBlocks()
+					blocks[e.Addr()], prefixes[e.Addr()] = e.IndexBlocks(), e.Prefixes()
 				}
 			}
 		}
@@ -37,8 +38,8 @@ func (d *Daemon) engineStatus() []service.EngineStatus {
 		st := e.last
 		row := service.EngineStatus{
 			Addr: addr, Name: e.d.Name, Kind: st.Kind.String(), Health: healthNames[snapshot.HealthUnknown],
-			Precise: e.precise, Template: d.templateName(e.template.renders), Agreement: "unchecked",
-			IndexBlocks: blocks[addr],
+			Precise: e.precise, Template: templateName(e.template.renders, e.template.custom), Agreement: "unchecked",
+			IndexBlocks: blocks[addr], Prefixes: prefixes[addr],
 		}
 		if e.scraped {
 			row.Health = healthNames[st.Health]
@@ -83,5 +84,6 @@ func collectEngines(ch chan<- prometheus.Metric, rows []service.EngineStatus) {
 		gauge(descEngineReqs, float64(r.Waiting), r.Addr, "waiting")
 		gauge(descEngineKV, r.KVUsage, r.Addr)
 		gauge(descEngineIndex, float64(r.IndexBlocks), r.Addr)
+		gauge(descEnginePrefix, float64(r.Prefixes), r.Addr)
 	}
 }

@@ -493,6 +493,39 @@ func TestPlacementEven(t *testing.T) {
 	}
 }
 
+// TestPlacementEvenByPrefixes: the same, when the blocks say little: each
+// placed prefix brings its unique questions too, up to as many blocks as
+// its shared part, so an endpoint of three prefixes may hold as many
+// blocks as one of four. The prefix count cachesync publishes keeps the
+// placement even.
+func TestPlacementEvenByPrefixes(t *testing.T) {
+	p := picker(t, nil)
+	rng := rand.New(rand.NewPCG(8, 8))
+	for trial := range 10 {
+		groups := make([]int, 4)
+		blocks := make([]int, 4)
+		for i := range 16 {
+			eps := make([]ep, 4)
+			for e := range eps {
+				eps[e] = ep{info: withCapacity(withRunning(healthy(0), rng.IntN(4)), 40000), other: blocks[e], prefixes: groups[e]}
+			}
+			v, hashes := fixture(t, eps)
+			d := p.Pick(v, &Request{Model: model, Hashes: hashes, Random: rng.Uint64()})
+			if d.Reason != ReasonLeastLoad {
+				t.Fatalf("prefix %d: %v", i, d.Reason)
+			}
+			groups[d.Endpoint]++
+			blocks[d.Endpoint] += promptBlocks / 2
+			for e := range blocks { // questions asked of the prefixes already placed
+				blocks[e] += rng.IntN(groups[e]*promptBlocks/8 + 1)
+			}
+		}
+		if slices.Min(groups) != 4 {
+			t.Fatalf("trial %d: prefixes per endpoint %v (blocks %v), want 4 each", trial, groups, blocks)
+		}
+	}
+}
+
 // TestTies: equal prices are spread at random, different ones never.
 func TestTies(t *testing.T) {
 	v, hashes := fixture(t, []ep{cold(0), cold(0), cold(0), cold(second)})

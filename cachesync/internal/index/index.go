@@ -621,13 +621,18 @@ func (x *Index) addPending(ep *endpoint, hashes []uint64, now int64) int {
 // the engine still holds their blocks.
 const PrefixWindow = time.Minute
 
+// MaxPrefixes bounds the prefixes counted per endpoint. Every build looks
+// at each, and an endpoint drawing more distinct prefixes a minute than
+// this is placed by how full its cache is (its count ties at the bound).
+const MaxPrefixes = 4096
+
 // noteRoot records that a report routed a prompt whose first block is h to
-// ep; x.mu is held. The set is bounded by the endpoint's capacity.
+// ep; x.mu is held.
 func (x *Index) noteRoot(ep *endpoint, h uint64, now int64) {
 	if ep.roots == nil {
 		ep.roots = make(map[uint64]int64)
 	}
-	if _, ok := ep.roots[h]; ok || len(ep.roots) < ep.capacity {
+	if _, ok := ep.roots[h]; ok || len(ep.roots) < MaxPrefixes {
 		ep.roots[h] = now
 	}
 }

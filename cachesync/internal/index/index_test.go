@@ -813,4 +813,11 @@ func TestPrefixes(t *testing.T) {
 	if got := prefixes(); got != [2]int{0, 0} {
 		t.Fatalf("after Clear: %v, want none", got)
 	}
+	ep := x.eps[addr(1)]
+	for i := range MaxPrefixes + 10 {
+		x.noteRoot(ep, H(uint64(1000+i)), clock.UnixNano())
+	}
+	if len(ep.roots) != MaxPrefixes {
+		t.Errorf("%d prefixes remembered, want the bound, %d", len(ep.roots), MaxPrefixes)
+	}
 }

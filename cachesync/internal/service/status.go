@@ -29,6 +29,9 @@ type EngineStatus struct {
 	KVUsage    float64
 	// IndexBlocks are its entries in the latest snapshot's index.
 	IndexBlocks int
+	// Prefixes are the prefixes it holds that gateways recently routed
+	// there, in the latest snapshot (snapshot.Endpoint.Prefixes).
+	Prefixes int
 }
 
 // StatusRefresh is how often the status page reloads itself.
@@ -55,7 +58,7 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}
 <h2>Engines</h2>
 <table id="engines">
 <tr><th class="l">engine</th><th class="l">name</th><th class="l">kind</th><th class="l">health</th><th class="l">mode</th><th class="l">template</th><th class="l">template check</th>
-<th>prefill rate (tokens/s)</th><th>running</th><th>waiting</th><th>KV cache used (%)</th><th>index entries</th></tr>
+<th>prefill rate (tokens/s)</th><th>running</th><th>waiting</th><th>KV cache used (%)</th><th>index entries</th><th>prefixes</th></tr>
 {{range .Engines}}<tr data-engine="{{.Addr}}">
 <td class="l">{{.Addr}}</td><td class="l">{{.Name}}</td><td class="l">{{.Kind}}</td>
 <td class="l{{if ne .Health "healthy"}} bad{{end}}">{{.Health}}</td>
@@ -66,6 +69,7 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}
 <td data-metric='kvroute_cachesync_engine_requests{engine="{{.Addr}}",state="waiting"}' data-value="{{.Waiting}}">{{.Waiting}}</td>
 <td data-metric='kvroute_cachesync_engine_kv_cache_usage_ratio{engine="{{.Addr}}"}' data-value="{{num .KVUsage}}">{{pct .KVUsage}}</td>
 <td data-metric='kvroute_cachesync_engine_index_blocks{engine="{{.Addr}}"}' data-value="{{.IndexBlocks}}">{{.IndexBlocks}}</td>
+<td data-metric='kvroute_cachesync_engine_prefixes{engine="{{.Addr}}"}' data-value="{{.Prefixes}}">{{.Prefixes}}</td>
 </tr>{{end}}
 </table>
 <h2>Snapshot</h2>
