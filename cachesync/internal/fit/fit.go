@@ -1,7 +1,8 @@
 // Package fit fits the latency models of shared/predict online, one per
 // endpoint: least squares of the relative error over exponentially
 // forgotten samples, held near the endpoint's default model by a prior,
-// with non-negative coefficients.
+// with non-negative coefficients and a prefilled token's cost no less than
+// half the prior's (minTokenCost).
 //
 // Relative, because time to first token is heavy-tailed: most requests of
 // a warm pool take a step or two, and a few (preempted, queued behind a
@@ -47,6 +48,18 @@ var (
 	ttftSpread = [predict.NumTTFT]float64{0, 1000, 4, 2, 0.01} // intercept (free), tokens, running, waiting, seconds of step left
 	itlSpread  = [predict.NumITL]float64{0, 16}                // intercept (free), running
 )
+
+// minTokenCost is the least share of the prior's cost of a prefilled token
+// (the calibrated prefill rate's) the fit may settle on. An engine prefills
+// no faster than its rate, but the samples can say otherwise: requests
+// whose prompt the index took for uncached while the engine held it
+// (approximate endpoints, whose index is the gateways' reports) answer
+// within a step, and weighed by their relative error they outweigh the
+// real cold prefills. In one b2b-saas run an approximate engine's fit
+// priced 1,850 uncached tokens at 52-99 ms (the precise engines' at
+// 170-210), a copy of a 6,000-token prefix looked cheaper than a queue, and
+// the copies broke the pool at 40 req/s where the precise arm reached 56.
+const minTokenCost = 0.5
 
 // system is the decayed normal equations of one fit, of at most
 // predict.NumTTFT unknowns.
@@ -108,28 +121,30 @@ func (m *Model) Fit(prior predict.Model) predict.Model {
 	for i, c := range prior.TTFTCoef {
 		p5[i] = float64(c)
 	}
-	for i, c := range m.ttft.solve(p5[:], ttftSpread[:]) {
+	var lo [predict.NumTTFT]float64
+	lo[1] = minTokenCost * p5[1]
+	for i, c := range m.ttft.solve(p5[:], ttftSpread[:], lo[:]) {
 		out.TTFTCoef[i] = float32(c)
 	}
 	var p3 [predict.NumTTFT]float64
 	for i, c := range prior.ITLCoef {
 		p3[i] = float64(c)
 	}
-	for i, c := range m.itl.solve(p3[:predict.NumITL], itlSpread[:]) {
+	for i, c := range m.itl.solve(p3[:predict.NumITL], itlSpread[:], make([]float64, predict.NumITL)) {
 		out.ITLCoef[i] = float32(c)
 	}
 	out.TTFTSamples, out.ITLSamples = m.ttft.samples, m.itl.samples
 	return out
 }
 
-// solve minimises Σ w (y - x·β)² + μ Σ_j v_j (β_j - prior_j)² over β >= 0,
+// solve minimises Σ w (y - x·β)² + μ Σ_j v_j (β_j - prior_j)² over β >= lo,
 // where v_j is feature j's (weighted) variance or spread_j², whichever is
 // larger, and μ is priorWeight samples of the average weight, so the prior
 // weighs like priorWeight samples whatever the feature's scale,
 // and counts only where the samples do not pin the coefficient down: along
 // a feature with a large mean and little spread, the mean square would let
 // the prior outweigh the data.
-func (s *system) solve(prior, spread []float64) []float64 {
+func (s *system) solve(prior, spread, lo []float64) []float64 {
 	n := len(spread)
 	beta := make([]float64, n)
 	copy(beta, prior)
@@ -156,7 +171,7 @@ func (s *system) solve(prior, spread []float64) []float64 {
 					r -= a[j][k] * beta[k]
 				}
 			}
-			v := max(0, r/a[j][j])
+			v := max(lo[j], r/a[j][j])
 			moved = max(moved, math.Abs(v-beta[j])/(math.Abs(beta[j])+1e-12))
 			beta[j] = v
 		}

@@ -135,3 +135,34 @@ func TestNarrowBatchesDoNotSetTheSlope(t *testing.T) {
 		t.Errorf("ITL at 50 running predicted %.0f ms from batches of 1-3 (coefficients %v), truth %.0f ms", 1000*p, got.ITLCoef, 1000*truth)
 	}
 }
+
+// TestTokenCostFloor: requests the index took for uncached but the engine
+// had cached answer within a step; weighed by their relative error they
+// would price a prefilled token at next to nothing, and a cold prefix's
+// copy with it. The fit keeps a token's cost at no less than half what
+// the calibrated prefill rate says.
+func TestTokenCostFloor(t *testing.T) {
+	const rate = 16000.0
+	r := rand.New(rand.NewPCG(9, 9))
+	var m Model
+	for i := range 2000 {
+		f := predict.Features{Uncached: 10, Running: float64(r.IntN(8)), Wait: r.Float64() * 0.02}
+		y := 0.02 + f.Wait
+		switch i % 10 {
+		case 0: // a question the engine had prefilled before
+			f.Uncached = 1850
+		case 1: // a question it had not
+			f.Uncached = 1850
+			y += f.Uncached / rate
+		}
+		m.AddTTFT(f, y*(1+0.03*r.NormFloat64()))
+	}
+	got := m.Fit(predict.Default(rate))
+	if c := float64(got.TTFTCoef[1]); c < minTokenCost/rate*(1-1e-6) {
+		t.Errorf("a prefilled token costs %.3g s, under %.0f%% of the calibrated %.3g s", c, 100*minTokenCost, 1/rate)
+	}
+	cold := predict.Features{Uncached: 11000}
+	if got, floor := got.TTFT(cold), minTokenCost*11000/rate; got < floor {
+		t.Errorf("a cold 11,000-token prompt predicted at %.3f s, under %.3f s", got, floor)
+	}
+}
