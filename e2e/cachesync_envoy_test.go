@@ -438,25 +438,34 @@ func TestCachesyncAutoTemplatePool(t *testing.T) {
 	}
 }
 
-// TestCachesyncShipsTheModelsTemplate: a model served with a chat template
-// kvroute has no name for, behind a gateway on chat_template auto.
-// cachesync holds the model's template (its tokenizer_config.json), finds
-// the engines render with it, and ships it in the snapshot; the gateway
-// renders that model's requests with it, so they match the engines' KV
-// events.
-func TestCachesyncShipsTheModelsTemplate(t *testing.T) {
-	const model = "acme/support-chat-7b"
-	src := `{%- for m in messages %}[[{{ m.role | upper }}]] {{ m.content if m.content is string else '' }}
-{% endfor %}{% if add_generation_prompt %}[[ASSISTANT]] {% endif %}`
-	dir := t.TempDir()
-	cfgJSON, _ := json.Marshal(map[string]any{"chat_template": src, "eos_token": "</s>"})
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfgJSON, 0o644); err != nil {
-		t.Fatal(err)
+// TestCachesyncShipsTheModelsTemplates: two models, each served with a
+// chat template kvroute has no name for, behind a gateway on chat_template
+// auto. cachesync holds both templates (each model's tokenizer_config.json),
+// finds which one each engine renders with, and ships each model's in the
+// snapshot; the gateway renders each model's requests with its own, so
+// they match the engines' KV events.
+func TestCachesyncShipsTheModelsTemplates(t *testing.T) {
+	models := []struct{ name, src string }{
+		{"acme/support-chat-7b", `{%- for m in messages %}[[{{ m.role | upper }}]] {{ m.content if m.content is string else '' }}
+{% endfor %}{% if add_generation_prompt %}[[ASSISTANT]] {% endif %}`},
+		{"acme/sales-chat-7b", `{%- for m in messages %}<{{ m.role }}>{{ m.content if m.content is string else '' }}</{{ m.role }}>
+{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`},
 	}
-	es, err := vllmsim.StartN(context.Background(), 2, vllmsim.Config{Model: model, ChatTemplate: src, NumGPUBlocks: 1024,
-		TimeScale: 0.05, KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true}})
-	if err != nil {
-		t.Fatal(err)
+	var es []*vllmsim.Engine
+	var files []string
+	for _, m := range models {
+		dir := t.TempDir()
+		cfgJSON, _ := json.Marshal(map[string]any{"chat_template": m.src, "eos_token": "</s>"})
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfgJSON, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, filepath.Join(dir, "tokenizer_config.json"))
+		started, err := vllmsim.StartN(context.Background(), 2, vllmsim.Config{Model: m.name, ChatTemplate: m.src, NumGPUBlocks: 1024,
+			TimeScale: 0.05, KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		es = append(es, started...)
 	}
 	t.Cleanup(func() {
 		for _, e := range es {
@@ -464,24 +473,25 @@ func TestCachesyncShipsTheModelsTemplate(t *testing.T) {
 		}
 	})
 	cs := startCachesync(t, "127.0.0.1:0", es, true, func(c *daemon.Config) {
-		c.ChatTemplateFile = filepath.Join(dir, "tokenizer_config.json")
+		c.ChatTemplateFile = strings.Join(files, ",")
 	})
 	g := cachesyncGateway(t, es, cs.addr, nil, "chat_template", "auto")
-	waitFor(t, 15*time.Second, "cachesync to find both engines rendering the model's template", func() bool {
-		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_template{state="agrees"} 2`+"\n")
+	waitFor(t, 15*time.Second, "cachesync to find every engine rendering its model's template", func() bool {
+		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_template{state="agrees"} 4`+"\n")
 	})
-	chat := func(system, user string, maxTokens int) []byte {
+	chat := func(model, system, user string, maxTokens int) []byte {
 		b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": maxTokens,
 			"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
 		return b
 	}
 	for i, e := range es {
+		model := models[i/2].name
 		system := "Tenant " + strconv.Itoa(i) + ". " + strings.Repeat("Refunds take five working days. ", 40)
-		if code, _ := post(t, http.DefaultClient, e.URL(), chat(system, "first", 1)); code != http.StatusOK {
+		if code, _ := post(t, http.DefaultClient, e.URL(), chat(model, system, "first", 1)); code != http.StatusOK {
 			t.Fatalf("warming %s: %d", e.Addr(), code)
 		}
-		waitFor(t, 10*time.Second, "affinity to the warmed engine from its KV events", func() bool {
-			code, d := post(t, g.client, g.url, chat(system, "next", -1))
+		waitFor(t, 10*time.Second, "affinity to the warmed "+model+" engine from its KV events", func() bool {
+			code, d := post(t, g.client, g.url, chat(model, system, "next", -1))
 			return code == http.StatusBadRequest && affineTo(d, e.Addr()) && strings.Contains(d, "template=custom")
 		})
 	}

@@ -42,12 +42,13 @@ type Config struct {
 	// tokenizer.json, a model directory, a tiktoken file or a built-in
 	// encoding name. Without it every engine is indexed approximately.
 	Tokenizer string
-	// ChatTemplateFile is a chat template kvroute has no name for: the one
-	// gateways on chat_template custom render with, and the one shipped to
-	// gateways on auto for models whose engines render with it. A
-	// tokenizer_config.json, or a .jinja file (special tokens then from a
-	// tokenizer_config.json beside it). Empty: the template beside
-	// Tokenizer, if there is one.
+	// ChatTemplateFile lists chat templates kvroute has no name for,
+	// comma-separated: each engine is checked against them, the one a
+	// gateway on chat_template custom names is the one its engines must
+	// agree with, and for gateways on auto each model's engines' template
+	// is shipped. Each is a tokenizer_config.json, or a .jinja file (special
+	// tokens then from a tokenizer_config.json beside it). Empty: the
+	// template beside Tokenizer, if there is one.
 	ChatTemplateFile string
 	Hash             blockhash.Config // must match the filters' block_size and max_blocks
 
@@ -95,7 +96,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.Events.DPSize, "dp-size", 0, "data-parallel ranks per engine (ports are offset by the rank)")
 	fs.StringVar(&c.Topic, "topic", "", "KV-event topic prefix to subscribe to")
 	fs.StringVar(&c.Tokenizer, "tokenizer", "", "engines' vocabulary for the precise index: tokenizer.json, model dir, tiktoken file or cl100k_base/o200k_base")
-	fs.StringVar(&c.ChatTemplateFile, "chat-template-file", "", "a chat template kvroute has no name for, to check engines against and ship to gateways on auto: a tokenizer_config.json, or a .jinja file (special tokens from a tokenizer_config.json beside it); default: the one beside -tokenizer")
+	fs.StringVar(&c.ChatTemplateFile, "chat-template-file", "", "chat templates kvroute has no name for, comma-separated, to check engines against and ship to gateways on auto (each model's engines' own): each a tokenizer_config.json, or a .jinja file (special tokens from a tokenizer_config.json beside it); default: the one beside -tokenizer")
 	fs.IntVar(&c.Hash.BlockSize, "block-size", blockhash.DefaultBlockSize, "text block size in bytes; must match the filters")
 	fs.IntVar(&c.Hash.MaxBlocks, "max-blocks", blockhash.DefaultMaxBlocks, "blocks hashed per prompt at most; must match the filters")
 	fs.DurationVar(&c.SyncInterval, "sync-interval", index.DefaultInterval, "least time between snapshot builds")
@@ -190,9 +191,15 @@ func (c *Config) Logger(w *os.File) *slog.Logger {
 }
 
 // peers splits -peers.
-func (c *Config) peers() []string {
+func (c *Config) peers() []string { return list(c.Peers) }
+
+// chatTemplateFiles is -chat-template-file's paths.
+func (c *Config) chatTemplateFiles() []string { return list(c.ChatTemplateFile) }
+
+// list splits a comma-separated flag, dropping empty entries.
+func list(s string) []string {
 	var out []string
-	for p := range strings.SplitSeq(c.Peers, ",") {
+	for p := range strings.SplitSeq(s, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			out = append(out, p)
 		}

@@ -37,15 +37,15 @@ import (
 
 // Daemon is a configured cachesync, listening but not yet running.
 type Daemon struct {
-	cfg    Config
-	log    *slog.Logger
-	reg    *prometheus.Registry
-	ix     *index.Index
-	svc    *service.Server
-	ln     net.Listener
-	vocab  *vocab.Vocab
-	source discovery.Source
-	custom *prompt.Jinja // -chat-template-file
+	cfg     Config
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	ix      *index.Index
+	svc     *service.Server
+	ln      net.Listener
+	vocab   *vocab.Vocab
+	source  discovery.Source
+	customs []*prompt.Jinja // -chat-template-file
 
 	scrapes       chan scrape.State
 	discovered    chan struct{}
@@ -172,28 +172,28 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		}
 	}
 	tokens := d.tokens(fileTokens)
-	customName := ""
-	if cfg.ChatTemplateFile != "" {
-		if d.custom, err = loadTemplate(cfg.ChatTemplateFile); err != nil {
+	for _, p := range cfg.chatTemplateFiles() {
+		j, err := loadTemplate(p)
+		if err != nil {
 			return nil, fmt.Errorf("chat-template-file: %w", err)
 		}
-		customName = d.custom.Name()
-		log.Info("custom chat template loaded", "file", cfg.ChatTemplateFile, "name", customName)
-	} else if p := besideTokenizer(cfg.Tokenizer); p != "" {
+		d.customs = append(d.customs, j)
+		log.Info("custom chat template loaded", "file", p, "name", j.Name())
+	}
+	if p := besideTokenizer(cfg.Tokenizer); len(d.customs) == 0 && p != "" {
 		// The model's own template, which engines render with unless told
 		// otherwise. One kvroute cannot evaluate is no reason not to start:
 		// its engines are then checked against the named templates only.
-		if d.custom, err = loadTemplate(p); err != nil {
+		if j, err := loadTemplate(p); err != nil {
 			log.Warn("the chat template beside the tokenizer cannot be used; engines rendering with it are routed approximately", "file", p, "err", err)
-			d.custom = nil
 		} else {
-			customName = d.custom.Name()
-			log.Info("chat template beside the tokenizer loaded", "file", p, "name", customName)
+			d.customs = append(d.customs, j)
+			log.Info("chat template beside the tokenizer loaded", "file", p, "name", j.Name())
 		}
 	}
 	if d.svc, err = service.New(service.Config{
 		Index: d.ix, Tokens: tokens, Registry: d.reg, Discovered: d.discovered, Logger: log, Notes: d.templateNotes,
-		Engines: d.engineStatus, ReportLimits: reportLimits(cfg), Peers: cfg.peers(), CustomTemplate: customName,
+		Engines: d.engineStatus, ReportLimits: reportLimits(cfg), Peers: cfg.peers(), CustomTemplates: d.customNames(),
 	}); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -307,13 +308,17 @@ func TestApproximateIndexFromReports(t *testing.T) {
 }
 
 func TestConfigFromFlagsAndEnvironment(t *testing.T) {
-	env := map[string]string{"CACHESYNC_ENGINES": "10.0.0.1:8000", "CACHESYNC_REPORT_TOKEN": "from-env", "CACHESYNC_SYNC_INTERVAL": "250ms"}
+	env := map[string]string{"CACHESYNC_ENGINES": "10.0.0.1:8000", "CACHESYNC_REPORT_TOKEN": "from-env", "CACHESYNC_SYNC_INTERVAL": "250ms",
+		"CACHESYNC_CHAT_TEMPLATE_FILE": "/models/a/tokenizer_config.json, /models/b/chat_template.jinja,"}
 	cfg, err := ParseFlags([]string{"-report-token", "from-flag", "-log-format", "json"}, func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Engines != "10.0.0.1:8000" || cfg.ReportToken != "from-flag" || cfg.SyncInterval != 250*time.Millisecond || cfg.LogFormat != "json" {
 		t.Errorf("parsed %+v", cfg)
+	}
+	if got := cfg.chatTemplateFiles(); !slices.Equal(got, []string{"/models/a/tokenizer_config.json", "/models/b/chat_template.jinja"}) {
+		t.Errorf("chat template files %q", got)
 	}
 	for _, c := range []struct {
 		args []string

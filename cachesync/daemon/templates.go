@@ -40,8 +40,10 @@ const templateTimeout = 10 * time.Second
 type templateState struct {
 	rendering *verify.Rendering // the engine's last answer; nil before one
 	// renders is the template that agrees with rendering, published in the
-	// snapshot for gateways on auto; Plain when none does.
+	// snapshot for gateways on auto; Plain when none does. custom is the
+	// held template it is when that is prompt.Custom.
 	renders prompt.Template
+	custom  *prompt.Jinja
 	// unsupported: the engine serves no chat /tokenize, so nothing is known
 	// of its template.
 	unsupported bool
@@ -157,14 +159,19 @@ func (d *Daemon) applyCheck(ctx context.Context, res checkResult) {
 		res.rendering = &verify.Rendering{Model: res.model}
 	}
 	tc.rendering = res.rendering
-	tc.renders = prompt.Plain
+	tc.renders, tc.custom = prompt.Plain, nil
 	// A named template first: gateways on auto render it without being
-	// sent its source. Then the one cachesync holds, which the snapshot
+	// sent its source. Then those cachesync holds, which the snapshot
 	// ships to them (shipTemplates).
 	if m := verify.Matching(res.rendering); len(m) > 0 {
 		tc.renders = m[0]
-	} else if d.custom != nil && verify.Compare(res.rendering, prompt.Custom, d.custom).Agrees() {
-		tc.renders = prompt.Custom
+	} else {
+		for _, j := range d.customs {
+			if verify.Compare(res.rendering, prompt.Custom, j).Agrees() {
+				tc.renders, tc.custom = prompt.Custom, j
+				break
+			}
+		}
 	}
 	tc.against = nil // evaluate afresh
 	d.judge(ctx, e)
@@ -180,7 +187,7 @@ func (d *Daemon) rejudge(ctx context.Context) {
 	fixed, auto := d.svc.GatewayTemplates(d.gatewayWindow)
 	if u := d.svc.UnknownCustom(); u != "" && u != d.warnedCustom {
 		d.warnedCustom = u
-		d.log.Warn("a gateway renders with a custom chat template cachesync does not hold, so its engines cannot be checked against it: give cachesync the same template with -chat-template-file", "template", u, "held", d.heldCustom())
+		d.log.Warn("a gateway renders with a custom chat template cachesync does not hold, so its engines cannot be checked against it: give cachesync the same template with -chat-template-file", "template", u, "held", d.customNames())
 	}
 	if len(fixed) > 1 && !slices.Equal(fixed, d.warnedTemplates) {
 		d.warnedTemplates = fixed
@@ -207,12 +214,32 @@ func (d *Daemon) modelTemplate(name string) prompt.Template {
 	return y.Winner()
 }
 
-// shipTemplates puts in the snapshot the source of the template cachesync
-// holds for every model (or adapter) the snapshot names custom, so that
-// gateways on auto render those models as the engines do. With d.mu held.
+// modelCustom is the held template the engines serving a model (or
+// adapter) render with, when the snapshot names it custom: the one most of
+// them were found to render, nil for none. With d.mu held.
+func (d *Daemon) modelCustom(name string) *prompt.Jinja {
+	counts := map[*prompt.Jinja]int{}
+	var best *prompt.Jinja
+	for _, e := range d.engines {
+		j := e.template.custom
+		if j == nil || !(slices.Contains(e.last.Models, name) || slices.Contains(e.last.Adapters, name)) {
+			continue
+		}
+		counts[j]++
+		if best == nil || counts[j] > counts[best] || counts[j] == counts[best] && j.Name() < best.Name() {
+			best = j
+		}
+	}
+	return best
+}
+
+// shipTemplates puts in the snapshot, for every model (or adapter) the
+// snapshot names custom, the source of the held template its engines
+// render with, so that gateways on auto render those models as the engines
+// do. With d.mu held.
 func (d *Daemon) shipTemplates() {
 	var ships []snapshot.ChatTemplate
-	if d.custom != nil {
+	if len(d.customs) > 0 {
 		names := map[string]bool{}
 		for _, e := range d.engines {
 			for _, n := range slices.Concat(e.last.Models, e.last.Adapters) {
@@ -220,8 +247,8 @@ func (d *Daemon) shipTemplates() {
 			}
 		}
 		for _, n := range slices.Sorted(maps.Keys(names)) {
-			if d.modelTemplate(n) == prompt.Custom {
-				ships = append(ships, snapshot.ChatTemplate{Model: n, Source: d.custom.Source(), Special: d.custom.Special()})
+			if j := d.modelCustom(n); j != nil && d.modelTemplate(n) == prompt.Custom {
+				ships = append(ships, snapshot.ChatTemplate{Model: n, Source: j.Source(), Special: j.Special()})
 			}
 		}
 	}
@@ -265,7 +292,7 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 	tc.against = want
 	tc.agree = tc.agree[:0]
 	for _, t := range want {
-		tc.agree = append(tc.agree, verify.Compare(tc.rendering, t, d.custom))
+		tc.agree = append(tc.agree, verify.Compare(tc.rendering, t, d.customTarget(e, fixed, auto)))
 	}
 	// Gateways on auto render plain what no checked engine of the model
 	// renders: an engine that could not be checked cannot agree with that.
@@ -275,7 +302,7 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 		// a different template costs nothing but is worth knowing.
 		if disagrees != tc.mismatch || first {
 			d.log.Info("engine's chat template, checked; it is indexed from the gateways' reports, which need no agreement", "engine", e.d.Addr,
-				"model", tc.rendering.Model, "gateways", names(want), "agreement", agreements(tc.agree), "engine_renders_like", d.templateName(tc.renders))
+				"model", tc.rendering.Model, "gateways", names(want), "agreement", agreements(tc.agree), "engine_renders_like", templateName(tc.renders, tc.custom))
 		}
 		tc.mismatch = disagrees
 		return
@@ -284,7 +311,7 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 	case disagrees && !tc.mismatch:
 		like := "none of kvroute's templates"
 		if tc.renders != prompt.Plain {
-			like = d.templateName(tc.renders)
+			like = templateName(tc.renders, tc.custom)
 		}
 		d.log.Warn("engine's chat template does not render prompts as the gateways do: routing it approximately, from the gateways' reports; set the gateways' chat_template to what the engine renders, or the engine's --chat-template",
 			"engine", e.d.Addr, "model", tc.rendering.Model, "gateways", names(want), "differences", agreements(tc.agree), "engine_renders_like", like)
@@ -362,18 +389,41 @@ func newCheckClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute}}
 }
 
-// templateName names t as gateways do: custom by its source's hash.
-func (d *Daemon) templateName(t prompt.Template) string {
-	if t == prompt.Custom && d.custom != nil {
-		return d.custom.Name()
+// customTarget is the held template prompt.Custom stands for among e's
+// targets: on auto, when the snapshot names e's model custom, the one its
+// model's engines render with (shipped to the gateways); otherwise the one
+// the gateways on chat_template custom named. nil when cachesync holds
+// neither, which no rendering agrees with. With d.mu held.
+func (d *Daemon) customTarget(e *engine, fixed []prompt.Template, auto bool) *prompt.Jinja {
+	model := e.template.rendering.Model
+	if auto && d.modelTemplate(model) == prompt.Custom {
+		if j := d.modelCustom(model); j != nil && !slices.Contains(fixed, prompt.Custom) {
+			return j
+		}
+	}
+	named := d.svc.GatewayCustom()
+	for _, j := range d.customs {
+		if j.Name() == named {
+			return j
+		}
+	}
+	return d.modelCustom(model)
+}
+
+// templateName names t as gateways do: custom by the held template's
+// source hash.
+func templateName(t prompt.Template, custom *prompt.Jinja) string {
+	if t == prompt.Custom && custom != nil {
+		return custom.Name()
 	}
 	return t.String()
 }
 
-// heldCustom names the custom template cachesync holds, "" for none.
-func (d *Daemon) heldCustom() string {
-	if d.custom == nil {
-		return ""
+// customNames names the custom templates cachesync holds.
+func (d *Daemon) customNames() []string {
+	out := make([]string, len(d.customs))
+	for i, j := range d.customs {
+		out[i] = j.Name()
 	}
-	return d.custom.Name()
+	return out
 }

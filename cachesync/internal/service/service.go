@@ -33,6 +33,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,10 +94,10 @@ type Config struct {
 	// report batch a gateway sends is forwarded to each, so that every
 	// replica's approximate index learns every gateway's decisions.
 	Peers []string
-	// CustomTemplate is the name (prompt.Jinja.Name) of the chat template
-	// cachesync holds as source: gateways naming it are checked against
-	// it as prompt.Custom.
-	CustomTemplate string
+	// CustomTemplates are the names (prompt.Jinja.Name) of the chat
+	// templates cachesync holds as source: gateways naming one are checked
+	// against it as prompt.Custom (GatewayCustom says which).
+	CustomTemplates []string
 	// ShutdownGrace bounds how long Serve waits for requests in flight
 	// when its context ends; 0 means DefaultShutdownGrace.
 	ShutdownGrace time.Duration
@@ -152,7 +153,7 @@ func New(cfg Config) (*Server, error) {
 		engines:    cfg.Engines,
 		epoch:      newEpoch(),
 		pm:         newPeerMetrics(),
-		templates:  gatewayTemplates{custom: cfg.CustomTemplate},
+		templates:  gatewayTemplates{customs: slices.Clone(cfg.CustomTemplates)},
 	}
 	for _, a := range cfg.Peers {
 		s.peers = append(s.peers, &peer{addr: a, batches: make(chan []byte, peerQueue)})

@@ -624,12 +624,13 @@ func TestGatewayTemplates(t *testing.T) {
 	}
 }
 
-// A gateway on chat_template custom is checked against the custom template
-// only when it names the one cachesync holds; another is remembered as
-// unknown, and the bare name "custom" is no template at all.
+// A gateway on chat_template custom is checked against a custom template
+// only when it names one cachesync holds (GatewayCustom says which);
+// another is remembered as unknown, and the bare name "custom" is no
+// template at all.
 func TestGatewayCustomTemplate(t *testing.T) {
-	const held = prompt.CustomPrefix + "00000000000000aa"
-	f := newFixture(t, Config{Tokens: []string{"tok"}, CustomTemplate: held}, index.Config{})
+	const held, other = prompt.CustomPrefix + "00000000000000aa", prompt.CustomPrefix + "00000000000000cc"
+	f := newFixture(t, Config{Tokens: []string{"tok"}, CustomTemplates: []string{other, held}}, index.Config{})
 	f.ix.Publish()
 	for _, name := range []string{prompt.CustomPrefix + "00000000000000bb", "custom", held} {
 		f.do(t, "GET", "/v1/snapshot?since=0&template="+name, nil, "Authorization", "Bearer tok")
@@ -639,6 +640,9 @@ func TestGatewayCustomTemplate(t *testing.T) {
 	}
 	if got := f.srv.UnknownCustom(); got != prompt.CustomPrefix+"00000000000000bb" {
 		t.Errorf("UnknownCustom = %q", got)
+	}
+	if got := f.srv.GatewayCustom(); got != held {
+		t.Errorf("GatewayCustom = %q, want %q", got, held)
 	}
 }
 

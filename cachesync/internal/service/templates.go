@@ -15,19 +15,32 @@ import (
 // cachesync checks the engines against them. Only names kvroute knows are
 // kept, so a stranger's query cannot grow the set.
 type gatewayTemplates struct {
-	// custom is the name of the template cachesync holds as source
-	// (prompt.Jinja.Name), which a gateway on chat_template custom names.
-	custom string
-	mu     sync.Mutex
-	seen   map[prompt.Template]time.Time
-	auto   time.Time // when a gateway last named syncapi.AutoTemplate
+	// customs are the names of the templates cachesync holds as source
+	// (prompt.Jinja.Name), one of which a gateway on chat_template custom
+	// names.
+	customs []string
+	mu      sync.Mutex
+	seen    map[prompt.Template]time.Time
+	auto    time.Time // when a gateway last named syncapi.AutoTemplate
+	// named is the last held custom template a gateway named.
+	named string
 	// unknown is the last custom template a gateway named whose source
 	// cachesync does not hold.
 	unknown string
 }
 
+// GatewayCustom returns the name of the held custom template a gateway on
+// chat_template custom last named, "" for none: the one prompt.Custom in
+// GatewayTemplates stands for.
+func (s *Server) GatewayCustom() string {
+	g := &s.templates
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.named
+}
+
 // UnknownCustom returns the last custom template a gateway named that is
-// not the one cachesync holds, "" for none.
+// none of those cachesync holds, "" for none.
 func (s *Server) UnknownCustom() string {
 	g := &s.templates
 	g.mu.Lock()
@@ -44,8 +57,8 @@ func (g *gatewayTemplates) saw(name string, now time.Time) {
 	}
 	t, err := prompt.ParseTemplate(name)
 	switch {
-	case g.custom != "" && name == g.custom:
-		t = prompt.Custom
+	case slices.Contains(g.customs, name):
+		t, g.named = prompt.Custom, name
 	case err != nil || t == prompt.Custom:
 		// A custom template whose source cachesync does not hold is
 		// one it cannot check against.
