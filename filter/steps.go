@@ -71,10 +71,16 @@ const maxLeadTokens = 256
 // when it is not known.
 func (s *stepClocks) at(endpoint uint64, now int64) (left, length int64) {
 	c, ok := s.m[endpoint]
-	if !ok || c.length == 0 || now-c.last > staleSteps*c.length {
+	if !ok || !c.known(now) {
 		return 0, 0
 	}
 	return max(c.last+c.length-now, 0), c.length
+}
+
+// known reports whether the clock says anything at now: it has timed a
+// step, and the step under way has run less than staleSteps of it.
+func (c *stepClock) known(now int64) bool {
+	return c.length != 0 && now-c.last <= staleSteps*c.length
 }
 
 // learn learns endpoint's lead from a request sent when its clock said
@@ -105,7 +111,7 @@ func (s *stepClocks) learn(endpoint uint64, left, length, ttft int64) {
 func (s *stepClocks) fill(slotOf map[uint64]int, local []policy.Local, now int64) {
 	for ep, c := range s.m {
 		age := now - c.last
-		if c.length == 0 || age > staleSteps*c.length {
+		if !c.known(now) {
 			if age > maxStep {
 				delete(s.m, ep)
 			}

@@ -203,34 +203,29 @@ func (d *Daemon) rejudge(ctx context.Context) {
 
 // modelTemplate is the template the snapshot names for a model or adapter:
 // the one most engines serving it render with, as
-// snapshot.Manifest.ModelTemplate tallies their rows. With d.mu held.
-func (d *Daemon) modelTemplate(name string) prompt.Template {
+// snapshot.Manifest.ModelTemplate tallies their rows; and, when that is
+// prompt.Custom, the held template most of them were found to render (nil
+// otherwise). With d.mu held.
+func (d *Daemon) modelTemplate(name string) (prompt.Template, *prompt.Jinja) {
 	var y prompt.Tally
-	for _, e := range d.engines {
-		if slices.Contains(e.last.Models, name) || slices.Contains(e.last.Adapters, name) {
-			y.Add(e.template.renders)
-		}
-	}
-	return y.Winner()
-}
-
-// modelCustom is the held template the engines serving a model (or
-// adapter) render with, when the snapshot names it custom: the one most of
-// them were found to render, nil for none. With d.mu held.
-func (d *Daemon) modelCustom(name string) *prompt.Jinja {
-	counts := map[*prompt.Jinja]int{}
+	held := map[*prompt.Jinja]int{}
 	var best *prompt.Jinja
 	for _, e := range d.engines {
-		j := e.template.custom
-		if j == nil || !(slices.Contains(e.last.Models, name) || slices.Contains(e.last.Adapters, name)) {
+		if !slices.Contains(e.last.Models, name) && !slices.Contains(e.last.Adapters, name) {
 			continue
 		}
-		counts[j]++
-		if best == nil || counts[j] > counts[best] || counts[j] == counts[best] && j.Name() < best.Name() {
-			best = j
+		y.Add(e.template.renders)
+		if j := e.template.custom; j != nil {
+			held[j]++
+			if best == nil || held[j] > held[best] || held[j] == held[best] && j.Name() < best.Name() {
+				best = j
+			}
 		}
 	}
-	return best
+	if t := y.Winner(); t != prompt.Custom {
+		return t, nil
+	}
+	return prompt.Custom, best
 }
 
 // shipTemplates puts in the snapshot, for every model (or adapter) the
@@ -247,7 +242,7 @@ func (d *Daemon) shipTemplates() {
 			}
 		}
 		for _, n := range slices.Sorted(maps.Keys(names)) {
-			if j := d.modelCustom(n); j != nil && d.modelTemplate(n) == prompt.Custom {
+			if t, j := d.modelTemplate(n); t == prompt.Custom && j != nil {
 				ships = append(ships, snapshot.ChatTemplate{Model: n, Source: j.Source(), Special: j.Special()})
 			}
 		}
@@ -268,7 +263,7 @@ func (d *Daemon) targets(e *engine, fixed []prompt.Template, auto bool) []prompt
 	if !auto {
 		return fixed
 	}
-	t := d.modelTemplate(e.template.rendering.Model)
+	t, _ := d.modelTemplate(e.template.rendering.Model)
 	if slices.Contains(fixed, t) {
 		return fixed
 	}
@@ -291,8 +286,9 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 	wasAgreeing, first := tc.agrees(), tc.against == nil && tc.agree == nil
 	tc.against = want
 	tc.agree = tc.agree[:0]
+	custom := d.customTarget(e, fixed, auto)
 	for _, t := range want {
-		tc.agree = append(tc.agree, verify.Compare(tc.rendering, t, d.customTarget(e, fixed, auto)))
+		tc.agree = append(tc.agree, verify.Compare(tc.rendering, t, custom))
 	}
 	// Gateways on auto render plain what no checked engine of the model
 	// renders: an engine that could not be checked cannot agree with that.
@@ -390,24 +386,24 @@ func newCheckClient() *http.Client {
 }
 
 // customTarget is the held template prompt.Custom stands for among e's
-// targets: on auto, when the snapshot names e's model custom, the one its
-// model's engines render with (shipped to the gateways); otherwise the one
-// the gateways on chat_template custom named. nil when cachesync holds
-// neither, which no rendering agrees with. With d.mu held.
+// targets: the one the gateways on chat_template custom named (the service
+// counts a custom name as such only when cachesync holds it), else, on
+// auto, the one e's model's engines render (shipped to the gateways). nil
+// for neither, which no rendering agrees with. With d.mu held.
 func (d *Daemon) customTarget(e *engine, fixed []prompt.Template, auto bool) *prompt.Jinja {
-	model := e.template.rendering.Model
-	if auto && d.modelTemplate(model) == prompt.Custom {
-		if j := d.modelCustom(model); j != nil && !slices.Contains(fixed, prompt.Custom) {
-			return j
+	if slices.Contains(fixed, prompt.Custom) {
+		named := d.svc.GatewayCustom()
+		for _, j := range d.customs {
+			if j.Name() == named {
+				return j
+			}
 		}
 	}
-	named := d.svc.GatewayCustom()
-	for _, j := range d.customs {
-		if j.Name() == named {
-			return j
-		}
+	if auto {
+		_, j := d.modelTemplate(e.template.rendering.Model)
+		return j
 	}
-	return d.modelCustom(model)
+	return nil
 }
 
 // templateName names t as gateways do: custom by the held template's
