@@ -60,7 +60,9 @@ func faultTenant(i int) string {
 // streamUnderFault runs three engines behind cachesync and the gateway,
 // warms each tenant, streams 6 clients' requests through it, applies fault
 // 3 s in, and stops the clients 5 s later. It returns the requests' fates,
-// the engines, cachesync and the time of the fault.
+// the engines, cachesync and the time the fault was complete: an engine
+// being stopped still accepts requests until its listener closes, and
+// fails them as it goes.
 func streamUnderFault(t *testing.T, maxTokens int, fault func(es []*vllmsim.Engine)) ([]streamed, []*vllmsim.Engine, *runningDaemon, *gateway, time.Time) {
 	t.Helper()
 	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
@@ -78,8 +80,8 @@ func streamUnderFault(t *testing.T, maxTokens int, fault func(es []*vllmsim.Engi
 		mu.Unlock()
 	})
 	time.Sleep(3 * time.Second)
-	at := time.Now()
 	fault(es)
+	at := time.Now()
 	time.Sleep(5 * time.Second)
 	stop()
 	return results, es, cs, g, at
