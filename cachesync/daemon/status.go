@@ -15,7 +15,7 @@ var (
 	descEngineReqs    = prometheus.NewDesc(ns+"engine_requests", "An engine's requests by state, as last scraped.", []string{"engine", "state"}, nil)
 	descEngineKV      = prometheus.NewDesc(ns+"engine_kv_cache_usage_ratio", "An engine's KV-cache usage, as last scraped.", []string{"engine"}, nil)
 	descEngineIndex   = prometheus.NewDesc(ns+"engine_index_blocks", "An engine's entries in the latest snapshot's index.", []string{"engine"}, nil)
-	descEnginePrefix  = prometheus.NewDesc(ns+"engine_prefixes", "The distinct prompt prefixes an engine's index entries hold that gateways routed there in the last minute, in the latest snapshot: what new prefixes are placed by.", []string{"engine"}, nil)
+	descEnginePrefix  = prometheus.NewDesc(ns+"engine_prefixes", "The distinct prompt prefixes an engine's index entries hold that gateways routed there in the last minute, each weighed by the engine's share of its traffic, in the latest snapshot: what new prefixes are placed by.", []string{"engine"}, nil)
 )
 
 // engineStatus returns the engines' rows for the status page and the

@@ -370,8 +370,9 @@ func (b *Builder) ClearEndpoint(slot int) {
 }
 
 // SetPrefixes records how many distinct prompt prefixes the endpoint in slot
-// holds that gateways recently routed there: the traffic its cache draws,
-// counted in prefixes rather than blocks (see Endpoint.Prefixes). It
+// holds that gateways recently routed there, each weighed by its share of
+// their traffic: the traffic its cache draws, counted in prefixes rather
+// than blocks (see Endpoint.Prefixes). It
 // reports whether the count changed.
 func (b *Builder) SetPrefixes(slot, n int) bool {
 	if !b.live(slot) || b.eps[slot].prefixes == n {

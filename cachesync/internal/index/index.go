@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -134,7 +135,8 @@ type Index struct {
 	eps       map[string]*endpoint
 	changed   bool
 	lastBuild time.Time
-	hashes    []uint64 // scratch for report hashes
+	hashes    []uint64           // scratch for report hashes
+	rootRates map[uint64]float64 // scratch for countPrefixes: a prefix's traffic over its holders
 
 	rmu      sync.Mutex // guards reports
 	reports  []report.Batch
@@ -172,9 +174,9 @@ type endpoint struct {
 	// it, and keep attracting the requests that renew it.
 	evicted map[uint64]int64
 	// roots maps the first block of every prompt a report routed here to
-	// when it was last reported (Unix nanoseconds): the prefixes whose
-	// traffic the endpoint's cache draws (countPrefixes).
-	roots map[uint64]int64
+	// how often and when last: the prefixes whose traffic the endpoint's
+	// cache draws (countPrefixes).
+	roots map[uint64]root
 
 	// epoch changes (under both Index.mu and qmu) when the endpoint
 	// leaves precise mode or is removed: a Sink of an older epoch is
@@ -224,6 +226,7 @@ func New(cfg Config) (*Index, error) {
 		b:           b,
 		approx:      approx.New(),
 		eps:         make(map[string]*endpoint),
+		rootRates:   make(map[uint64]float64),
 		changed:     true, // the first build publishes even an empty index
 		wake:        make(chan struct{}, 1),
 	}
@@ -626,32 +629,68 @@ const PrefixWindow = time.Minute
 // this is placed by how full its cache is (its count ties at the bound).
 const MaxPrefixes = 4096
 
+// root is one prefix's traffic to one endpoint: its rate of reports,
+// decayed with PrefixWindow for its time constant, as of the last.
+type root struct {
+	rate float64
+	last int64
+}
+
+// at returns r's rate at now.
+func (r root) at(now int64) float64 {
+	return r.rate * math.Exp(-float64(now-r.last)/float64(PrefixWindow))
+}
+
 // noteRoot records that a report routed a prompt whose first block is h to
 // ep; x.mu is held.
 func (x *Index) noteRoot(ep *endpoint, h uint64, now int64) {
 	if ep.roots == nil {
-		ep.roots = make(map[uint64]int64)
+		ep.roots = make(map[uint64]root)
 	}
-	if _, ok := ep.roots[h]; ok || len(ep.roots) < MaxPrefixes {
-		ep.roots[h] = now
+	r, ok := ep.roots[h]
+	if ok || len(ep.roots) < MaxPrefixes {
+		ep.roots[h] = root{rate: r.at(now) + 1, last: now}
 	}
 }
 
-// countPrefixes returns how many of the prefixes reported for ep within
-// PrefixWindow its index entries hold, and forgets the older ones; x.mu is
-// held. One reported but not held yet (its engine's event has not come)
-// stays, to count once it is.
-func (x *Index) countPrefixes(ep *endpoint, now int64) int {
-	n := 0
-	for h, t := range ep.roots {
-		switch {
-		case t <= now-int64(PrefixWindow):
-			delete(ep.roots, h)
-		case x.b.Holds(ep.slot, h, snapshot.TierGPU) || x.b.Holds(ep.slot, h, snapshot.TierCPU):
-			n++
+// countPrefixes sets every endpoint's Prefixes: the prefixes reported there
+// within PrefixWindow that its index entries hold, each counted by the
+// endpoint's share of its traffic among the endpoints holding it, and the
+// sum rounded. A prefix spread over two engines draws half its traffic to
+// each; a copy made once (a request sent elsewhere while its holder was
+// busy, a warm-up) draws next to none, and counted whole it made its
+// holder look one prefix fuller than it was: a new prefix then went
+// elsewhere, and a pool of 16 groups split 5/4/4/3. One reported but not
+// held yet (its engine's event has not come) stays, to count once it is.
+// Older ones are forgotten. x.mu is held; it reports whether any changed.
+func (x *Index) countPrefixes(now int64) bool {
+	held := func(ep *endpoint, h uint64) bool {
+		return x.b.Holds(ep.slot, h, snapshot.TierGPU) || x.b.Holds(ep.slot, h, snapshot.TierCPU)
+	}
+	clear(x.rootRates)
+	for _, ep := range x.eps {
+		for h, r := range ep.roots {
+			switch {
+			case r.last <= now-int64(PrefixWindow):
+				delete(ep.roots, h)
+			case held(ep, h):
+				x.rootRates[h] += r.at(now)
+			}
 		}
 	}
-	return n
+	changed := false
+	for _, ep := range x.eps {
+		n := 0.0
+		for h, r := range ep.roots {
+			if held(ep, h) {
+				n += r.at(now) / x.rootRates[h]
+			}
+		}
+		if x.b.SetPrefixes(ep.slot, int(math.Round(n))) {
+			changed = true
+		}
+	}
+	return changed
 }
 
 // expirePending removes the pending blocks of ep that no event confirmed
@@ -822,10 +861,8 @@ func (x *Index) Publish() *snapshot.Image {
 			x.expirePending(ep, now)
 		}
 	}
-	for _, ep := range x.eps {
-		if x.b.SetPrefixes(ep.slot, x.countPrefixes(ep, now)) {
-			x.changed = true
-		}
+	if x.countPrefixes(now) {
+		x.changed = true
 	}
 	if !x.changed {
 		return x.img.Load()

@@ -821,3 +821,69 @@ func TestPrefixes(t *testing.T) {
 		t.Errorf("%d prefixes remembered, want the bound, %d", len(ep.roots), MaxPrefixes)
 	}
 }
+
+// TestPrefixesByTrafficShare: a prefix held by several endpoints counts at
+// each by its share of the traffic reported to them. A copy made by one
+// request counts next to nothing beside its owner's twenty, and a prefix
+// sent evenly to two counts half at each.
+func TestPrefixesByTrafficShare(t *testing.T) {
+	x := newIndex(t, Config{})
+	clock := time.Unix(1_790_000_000, 0)
+	x.now = func() time.Time { return clock }
+	addEndpoints(t, x, 2, Precise)
+	a, b := sink(t, x, addr(0)), sink(t, x, addr(1))
+	prefixes := func() [2]int {
+		t.Helper()
+		m := viewOf(t, x.Publish()).Manifest()
+		var n [2]int
+		for i := range m.NumEndpoints() {
+			for j := range n {
+				if m.Endpoint(i).Addr() == addr(j) {
+					n[j] = m.Endpoint(i).Prefixes()
+				}
+			}
+		}
+		return n
+	}
+	// 1, 2 and 3 are the first endpoint's, 4 the second's, and a request of
+	// 1 went once to the second (a copy).
+	for _, h := range hs(1, 2, 3) {
+		a.Add(h, snapshot.TierGPU)
+	}
+	b.Add(H(1), snapshot.TierGPU)
+	b.Add(H(4), snapshot.TierGPU)
+	var recs []report.Record
+	for range 20 {
+		recs = append(recs, report.Record{Endpoint: addr(0), Hashes: hs(1, 100)})
+	}
+	recs = append(recs,
+		report.Record{Endpoint: addr(0), Hashes: hs(2, 101)},
+		report.Record{Endpoint: addr(0), Hashes: hs(3, 102)},
+		report.Record{Endpoint: addr(1), Hashes: hs(1, 103)},
+		report.Record{Endpoint: addr(1), Hashes: hs(4, 104)},
+	)
+	x.Report(batch(t, recs...))
+	if got := prefixes(); got != [2]int{3, 1} {
+		t.Fatalf("prefixes %v, want [3 1]: the copy of 1 counts at its owner", got)
+	}
+	// 5 and 6 go to both evenly, as a hot prefix spread over two does:
+	// half of each at each.
+	for _, h := range hs(5, 6) {
+		a.Add(h, snapshot.TierGPU)
+		b.Add(h, snapshot.TierGPU)
+	}
+	x.Report(batch(t,
+		report.Record{Endpoint: addr(0), Hashes: hs(5, 105)},
+		report.Record{Endpoint: addr(1), Hashes: hs(5, 106)},
+		report.Record{Endpoint: addr(0), Hashes: hs(6, 107)},
+		report.Record{Endpoint: addr(1), Hashes: hs(6, 108)},
+	))
+	if got := prefixes(); got != [2]int{4, 2} {
+		t.Fatalf("prefixes %v, want [4 2]: 5 and 6 count half at each", got)
+	}
+	// The owner evicts 1: the copy now draws all of 1's traffic there is.
+	a.Remove(H(1), snapshot.TierGPU)
+	if got := prefixes(); got != [2]int{3, 3} {
+		t.Fatalf("prefixes %v, want [3 3] once only the copy holds 1", got)
+	}
+}
