@@ -87,6 +87,13 @@ type Undefined struct{ name string }
 // fails.
 type bigInt string
 
+// BigInt returns the decimal digits of an integer Number kept beyond
+// int64, and whether v is one.
+func BigInt(v Value) (string, bool) {
+	b, ok := v.(bigInt)
+	return string(b), ok
+}
+
 // Number returns the value Python's json.loads makes of a JSON number's
 // text: an int (int64, or digits beyond it) without a fraction or an
 // exponent, else a float.

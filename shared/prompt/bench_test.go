@@ -1,6 +1,7 @@
 package prompt
 
 import (
+	"bytes"
 	"strconv"
 	"strings"
 	"testing"
@@ -113,8 +114,10 @@ func TestRenderDoesNotAllocate(t *testing.T) {
 	}
 	for name, body := range bodies {
 		for _, tmpl := range Templates() {
-			if generals[tmpl] != nil {
-				continue // the general path builds values (BenchmarkRender)
+			if generals[tmpl] != nil || (tmpl == Harmony && bytes.Contains(body, []byte(`"tools"`))) {
+				// The general path builds values (BenchmarkRender), and
+				// so does harmony's tool section, for its schemas.
+				continue
 			}
 			var r Renderer
 			text := make([]byte, 0, 2*len(body))

@@ -69,6 +69,7 @@ func APIOf(path string) API {
 func (r *Renderer) ParseAPI(body []byte, api API) error {
 	r.err, r.model, r.hasModel = nil, "", false
 	r.prev, r.reasoning = "", false
+	r.converted = api != OpenAI
 	var err error
 	switch api {
 	case Messages:

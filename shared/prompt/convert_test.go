@@ -55,6 +55,12 @@ func TestConversions(t *testing.T) {
 					t.Fatalf("%v: ParseAPI: %v", tmpl, err)
 				}
 				got, err := r.RenderParsed(nil, tmpl)
+				if tmpl == Harmony && errors.Is(err, ErrUnsupported) {
+					// vLLM converts reasoning and tool_use input in
+					// ways harmony prints and kvroute does not follow:
+					// such requests fall back.
+					continue
+				}
 				want, refErr := ref.Render(nil, tc.Chat, tmpl)
 				if refErr != nil {
 					// The template rejects the conversation (Mistral's

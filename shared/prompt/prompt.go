@@ -102,12 +102,17 @@ const (
 	// Custom is a template given as Jinja source (Renderer.Custom),
 	// rendered by the general path.
 	Custom
+	// Harmony is gpt-oss as vLLM serves it: not with its Jinja template
+	// (GptOss) but through openai-harmony, from a system message of its
+	// own with today's date (Renderer.Now, in UTC) and
+	// reasoning_effort (harmony.go).
+	Harmony
 )
 
 // templateNames are in the order of the constants, whose values the
 // snapshot carries: new templates go at the end.
 var templateNames = [...]string{Plain: "plain", ChatML: "chatml", Llama3: "llama3", Mistral: "mistral", Gemma: "gemma", Qwen3: "qwen3", Llama32: "llama3.2",
-	DeepSeekV31: "deepseek-v3.1", DeepSeekR1: "deepseek-r1", GptOss: "gpt-oss", MistralSmall32: "mistral-small-3.2", Phi35: "phi-3.5", Granite33: "granite-3.3", Hermes: "hermes", Custom: "custom"}
+	DeepSeekV31: "deepseek-v3.1", DeepSeekR1: "deepseek-r1", GptOss: "gpt-oss", MistralSmall32: "mistral-small-3.2", Phi35: "phi-3.5", Granite33: "granite-3.3", Hermes: "hermes", Custom: "custom", Harmony: "harmony"}
 
 // ParseTemplate returns the template with the given configuration name.
 func ParseTemplate(name string) (Template, error) {
@@ -147,9 +152,11 @@ func (y *Tally) Winner() Template {
 // Templates returns every template kvroute renders by name, Plain first:
 // all but Custom, which needs its source.
 func Templates() []Template {
-	ts := make([]Template, Custom)
-	for i := range ts {
-		ts[i] = Template(i)
+	ts := make([]Template, 0, len(templateNames)-1)
+	for i := range templateNames {
+		if Template(i) != Custom {
+			ts = append(ts, Template(i))
+		}
 	}
 	return ts
 }
@@ -252,6 +259,7 @@ type Renderer struct {
 	respCalls                                        []responseCall
 	prev                                             string // previous_response_id
 	reasoning                                        bool   // the conversion met reasoning it dropped
+	converted                                        bool   // the body last parsed was a Messages or Responses request
 }
 
 var pool = sync.Pool{New: func() any { return new(Renderer) }}
@@ -343,6 +351,8 @@ func (r *Renderer) chat(dst []byte, t Template) ([]byte, error) {
 		return r.qwen3(dst)
 	case Plain:
 		return r.plain(dst)
+	case Harmony:
+		return r.harmony(dst)
 	}
 	return r.generalChat(dst, t)
 }

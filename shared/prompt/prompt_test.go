@@ -360,7 +360,11 @@ func FuzzRender(f *testing.F) {
 	for _, c := range loadReference(f).Cases {
 		f.Add([]byte(c.Body))
 	}
+	for _, c := range loadRenders(f, "testdata/harmony.json").Cases {
+		f.Add([]byte(c.Body))
+	}
 	for _, s := range []string{
+		`{"messages":[{"role":"assistant","content":[]}]}`,
 		``, `{}`, `{"prompt":[1,2,3]}`, `{"prompt":[["a"]]}`, `{"messages":[{"role":"user","content":"\ud800"}]}`,
 		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":5}}]}]}`,
 		`{"messages":[{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":"[1,{\"a\":\"\\u00e9\"}]"}}]}],"tools":[{"function":{"name":"f","x":[1]}}]}`,
@@ -372,7 +376,7 @@ func FuzzRender(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var r Renderer
-		for _, tmpl := range []Template{Plain, ChatML, Llama3, Mistral, Gemma} {
+		for _, tmpl := range []Template{Plain, ChatML, Llama3, Mistral, Gemma, Qwen3, Llama32, Harmony} {
 			p, err := r.Render(nil, body, tmpl)
 			valid := json.Valid(body)
 			if !valid && err == nil {

@@ -28,7 +28,15 @@ type reference struct {
 
 func loadReference(t testing.TB) reference {
 	t.Helper()
-	b, err := os.ReadFile("testdata/reference.json")
+	return loadRenders(t, "testdata/reference.json")
+}
+
+// loadRenders reads a file of reference renders: reference.json, or
+// harmony.json, written by testdata/render_harmony.py with the real
+// openai-harmony encoder for the harmony template.
+func loadRenders(t testing.TB, path string) reference {
+	t.Helper()
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +51,16 @@ func loadReference(t testing.TB) reference {
 }
 
 func TestRenderMatchesJinja(t *testing.T) {
-	ref := loadReference(t)
+	matchRenders(t, loadReference(t))
+}
+
+// TestRenderMatchesHarmony: what vLLM renders for gpt-oss, through
+// openai-harmony.
+func TestRenderMatchesHarmony(t *testing.T) {
+	matchRenders(t, loadRenders(t, "testdata/harmony.json"))
+}
+
+func matchRenders(t *testing.T, ref reference) {
 	for _, c := range ref.Cases {
 		for family, want := range c.Want {
 			t.Run(c.Name+"/"+family, func(t *testing.T) {

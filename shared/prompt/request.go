@@ -31,6 +31,10 @@ type part struct {
 	text   str
 	media  bool
 	digest uint64 // of the media's URL or data
+	// bare: a string rather than an object; refusal: a refusal part,
+	// whose text is its "refusal". Templates see both as text; vLLM's
+	// harmony conversion does not.
+	bare, refusal bool
 }
 
 // message is one entry of messages, as offsets into the body.
@@ -44,6 +48,7 @@ type message struct {
 	calls     raw   // tool_calls: present only when not null
 	callID    str   // tool_call_id
 	callIDSet bool  // tool_call_id present, whatever its type
+	reasoning str   // an assistant's reasoning, when a string
 }
 
 // raw is a JSON value's bytes in the body.
@@ -66,6 +71,10 @@ type request struct {
 	date             str
 	dateSet, dateBad bool
 	kwargs           raw // chat_template_kwargs, when an object
+	// effort is reasoning_effort (gpt-oss's harmony system message);
+	// effortSet when present and not null, then a string unless effortBad.
+	effort               str
+	effortSet, effortBad bool
 
 	prompt raw // completions prompt
 	// max_tokens and max_completion_tokens, when positive integers
@@ -129,6 +138,17 @@ func (r *Renderer) parse(body []byte) error {
 				}
 				return s.skip(2)
 			})
+		case s.equalStr(key, "reasoning_effort"):
+			switch s.ws() {
+			case 'n':
+				return s.skip(1)
+			case '"':
+				r.req.effortSet = true
+				r.req.effort, r.err = s.str()
+				return r.err
+			}
+			r.req.effortSet, r.req.effortBad = true, true
+			return s.skip(1)
 		case s.equalStr(key, "add_generation_prompt"):
 			r.req.noGen = s.ws() == 'f'
 			return s.skip(1)
@@ -198,6 +218,13 @@ func (r *Renderer) parseMessage() error {
 		case s.equalStr(key, "tool_calls"):
 			m.calls = r.valueAt(s, 3)
 			return r.err
+		case s.equalStr(key, "reasoning"):
+			if s.ws() != '"' {
+				return s.skip(3)
+			}
+			v, err := s.text()
+			m.reasoning = v
+			return err
 		case s.equalStr(key, "tool_call_id"):
 			m.callIDSet = true
 			if s.ws() != '"' {
@@ -274,7 +301,7 @@ func (r *Renderer) parsePart() error {
 	s := &r.s
 	if s.ws() == '"' {
 		v, err := s.text()
-		r.parts = append(r.parts, part{text: v})
+		r.parts = append(r.parts, part{text: v, bare: true})
 		return err
 	}
 	if s.ws() != '{' {
@@ -337,7 +364,7 @@ func (r *Renderer) parsePart() error {
 		if !refusal.ok {
 			return malformed("a refusal part has no refusal")
 		}
-		r.parts = append(r.parts, part{text: refusal})
+		r.parts = append(r.parts, part{text: refusal, refusal: true})
 		return nil
 	case typ.ok && !isMediaType(s, typ):
 		return malformed("unknown content part type")

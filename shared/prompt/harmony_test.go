@@ -1,0 +1,59 @@
+package prompt
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The harmony system message prints the engine's date in UTC, the day
+// turning at midnight UTC whatever zone the clock reports in.
+func TestHarmonyDate(t *testing.T) {
+	body := []byte(`{"messages":[{"role":"user","content":"Hi"}]}`)
+	tests := []struct {
+		now  time.Time
+		want string
+	}{
+		{time.Date(2026, 12, 31, 23, 59, 59, 0, time.UTC), "Current date: 2026-12-31\n"},
+		{time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC), "Current date: 2027-01-01\n"},
+		{time.Date(2027, 1, 1, 1, 0, 0, 0, time.FixedZone("EET", 2*3600)), "Current date: 2026-12-31\n"},
+		{time.Date(2026, 3, 5, 12, 0, 0, 0, time.UTC), "Current date: 2026-03-05\n"},
+	}
+	for _, tc := range tests {
+		r := Renderer{Now: func() time.Time { return tc.now }}
+		p, err := r.Render(nil, body, Harmony)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(p.Text), tc.want) {
+			t.Errorf("%v: %q lacks %q", tc.now, p.Text, tc.want)
+		}
+	}
+}
+
+func TestHarmonyReasoningEffort(t *testing.T) {
+	tests := []struct {
+		effort string
+		want   string
+		err    error
+	}{
+		{``, "Reasoning: medium", nil},
+		{`,"reasoning_effort":null`, "Reasoning: medium", nil},
+		{`,"reasoning_effort":"low"`, "Reasoning: low", nil},
+		{`,"reasoning_effort":"high"`, "Reasoning: high", nil},
+		{`,"reasoning_effort":"none"`, "", ErrTemplate},
+		{`,"reasoning_effort":"max"`, "", ErrTemplate},
+		{`,"reasoning_effort":5`, "", ErrMalformed},
+	}
+	for _, tc := range tests {
+		body := `{"messages":[{"role":"user","content":"Hi"}]` + tc.effort + `}`
+		p, err := Render(nil, []byte(body), Harmony)
+		switch {
+		case tc.err != nil && !errors.Is(err, tc.err):
+			t.Errorf("%s: %v, want %v", body, err, tc.err)
+		case tc.err == nil && (err != nil || !strings.Contains(string(p.Text), tc.want)):
+			t.Errorf("%s: %q (%v), want %q", body, p.Text, err, tc.want)
+		}
+	}
+}
