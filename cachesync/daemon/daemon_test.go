@@ -724,6 +724,64 @@ func TestUncheckableEngineAndAutoGateways(t *testing.T) {
 	eventually(t, "the engine precise again", metric(`kvroute_cachesync_engines{mode="precise"} 1`))
 }
 
+// TestGptOssOnVLLM: vLLM renders gpt-oss chat completions through
+// harmony, not the Jinja template its /tokenize applies. An engine with
+// the render endpoint shows harmony and is routed precisely for gateways
+// on auto; one without it shows only the template, cannot be checked,
+// and is indexed from the gateways' reports, never precisely against a
+// render its chat completions do not use.
+func TestGptOssOnVLLM(t *testing.T) {
+	src, err := os.ReadFile("../../shared/prompt/templates/gpt-oss.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := vllmsim.Config{Model: "openai/gpt-oss-20b", ChatTemplate: string(src), TimeScale: 0.001,
+		KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true}}
+	withRender, err := vllmsim.StartN(t.Context(), 1, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NoRender = true
+	without, err := vllmsim.StartN(t.Context(), 1, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := withRender[0], without[0]
+	d := newDaemon(t, Config{Engines: a.Addr() + "?events=" + a.EventsEndpoint() + "," + b.Addr() + "?events=" + b.EventsEndpoint(),
+		Tokenizer: "cl100k_base", ReportToken: "tok", TemplateCheck: 100 * time.Millisecond})
+	logs := &syncLog{}
+	d.log = slog.New(slog.NewTextHandler(logs, nil))
+	d.gatewayWindow = 500 * time.Millisecond
+	runDaemon(t, d)
+	base := "http://" + d.Addr()
+	go func() {
+		for t.Context().Err() == nil {
+			req, _ := http.NewRequestWithContext(t.Context(), "GET", base+"/v1/snapshot?since=0&template=auto", nil)
+			req.Header.Set("Authorization", "Bearer tok")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	metric := func(line string) func() bool {
+		return func() bool { return strings.Contains(get(t, base+"/metrics"), line+"\n") }
+	}
+	eventually(t, "the engine with a render endpoint to agree with harmony",
+		metric(`kvroute_cachesync_template_agreement{engine="`+a.Addr()+`",template="harmony"} 1`))
+	eventually(t, "the engine without one to be indexed approximately", metric(`kvroute_cachesync_engines{mode="approximate"} 1`))
+	if !metric(`kvroute_cachesync_engines{mode="precise"} 1`)() {
+		t.Error("the engine whose render endpoint shows harmony is not precise")
+	}
+	if l := grepLines(logs.String(), "cannot be checked"); !strings.Contains(l, b.Addr()) || !strings.Contains(l, "through harmony") {
+		t.Errorf("no log of the unchecked engine's reason: %q", l)
+	}
+	if s := get(t, base+"/status"); !strings.Contains(s, "cannot be checked: vLLM renders gpt-oss chat completions through harmony") {
+		t.Error("the status page does not say why the engine is not checked")
+	}
+}
+
 // TestPeerRate: an engine not calibrated yet publishes the calibrated rate
 // of its deployment's engines (same model, same cache), not the default;
 // engines of another deployment, or not calibrated, lend it nothing.

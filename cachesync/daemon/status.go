@@ -52,6 +52,8 @@ func (d *Daemon) engineStatus() []service.EngineStatus {
 		switch tc := &e.template; {
 		case !d.checkable(e):
 			row.Agreement = "not checkable"
+		case tc.unseen != "":
+			row.Agreement = "cannot be checked: " + tc.unseen
 		case tc.mismatch || tc.disagrees():
 			row.Agreement = "disagrees"
 			for _, a := range tc.agree {

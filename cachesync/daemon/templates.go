@@ -47,6 +47,10 @@ type templateState struct {
 	// unsupported: the engine serves no chat /tokenize, so nothing is known
 	// of its template.
 	unsupported bool
+	// unseen says why the probes could not show how the engine renders
+	// chat completions, though they rendered: then it agrees with no
+	// gateway, and is routed approximately. "" when they show it.
+	unseen string
 	fetched     time.Time // when the last check started
 	running     bool
 	failure     string // the last check's error, once logged; "" when it went through
@@ -163,8 +167,18 @@ func (d *Daemon) applyCheck(ctx context.Context, res checkResult) {
 	// A named template first: gateways on auto render it without being
 	// sent its source. Then those cachesync holds, which the snapshot
 	// ships to them (shipTemplates).
+	tc.unseen = ""
 	if m := verify.Matching(res.rendering); len(m) > 0 {
 		tc.renders = m[0]
+		if tc.renders == prompt.GptOss && res.rendering.Path == verify.TokenizePath && e.last.Kind == scrape.KindVLLM {
+			// vLLM renders gpt-oss chat completions through harmony,
+			// whatever the template its /tokenize applies says; only
+			// its render endpoint shows them. Gateways on auto render
+			// the model as vLLM's chat completions do, and this engine
+			// is indexed from their reports.
+			tc.renders = prompt.Harmony
+			tc.unseen = "vLLM renders gpt-oss chat completions through harmony, which its /tokenize does not show; a vLLM with " + verify.RenderPath + " shows it"
+		}
 	} else {
 		for _, j := range d.customs {
 			if verify.Compare(res.rendering, prompt.Custom, j).Agrees() {
@@ -292,7 +306,7 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 	}
 	// Gateways on auto render plain what no checked engine of the model
 	// renders: an engine that could not be checked cannot agree with that.
-	agrees, disagrees := tc.agrees(), tc.disagrees() || tc.unsupported && slices.Contains(want, prompt.Plain)
+	agrees, disagrees := tc.agrees() && tc.unseen == "", tc.disagrees() || tc.unsupported && slices.Contains(want, prompt.Plain) || tc.unseen != ""
 	if !d.eventful(e) {
 		// Indexed from reports, which hash the gateways' own render:
 		// a different template costs nothing but is worth knowing.
@@ -309,8 +323,13 @@ func (d *Daemon) judge(ctx context.Context, e *engine) {
 		if tc.renders != prompt.Plain {
 			like = templateName(tc.renders, tc.custom)
 		}
-		d.log.Warn("engine's chat template does not render prompts as the gateways do: routing it approximately, from the gateways' reports; set the gateways' chat_template to what the engine renders, or the engine's --chat-template",
-			"engine", e.d.Addr, "model", tc.rendering.Model, "gateways", names(want), "differences", agreements(tc.agree), "engine_renders_like", like)
+		if tc.unseen != "" {
+			d.log.Warn("engine's chat prompts cannot be checked: routing it approximately, from the gateways' reports",
+				"engine", e.d.Addr, "model", tc.rendering.Model, "reason", tc.unseen, "engine_renders_like", like)
+		} else {
+			d.log.Warn("engine's chat template does not render prompts as the gateways do: routing it approximately, from the gateways' reports; set the gateways' chat_template to what the engine renders, or the engine's --chat-template",
+				"engine", e.d.Addr, "model", tc.rendering.Model, "gateways", names(want), "differences", agreements(tc.agree), "engine_renders_like", like)
+		}
 		tc.mismatch = true
 		if e.precise {
 			d.demote(e)

@@ -52,9 +52,12 @@ type Config struct {
 	MaxNumSeqs          int // running sequences at most
 	MaxModelLen         int // prompt + output tokens at most; 0: min(32768, cache capacity)
 
-	// NoTokenize leaves out /tokenize (404), as an engine that cannot
-	// say how it renders a chat request.
+	// NoTokenize leaves out /tokenize and the render endpoints (404), as
+	// an engine that cannot say how it renders a chat request.
 	NoTokenize bool
+	// NoRender leaves out the render endpoints (/v1/completions/render,
+	// /v1/chat/completions/render), as vLLM before them.
+	NoRender bool
 
 	// DisablePrefixCaching turns off cache reuse (vLLM --no-enable-prefix-caching):
 	// blocks are still allocated, never matched, and no events are sent.

@@ -30,8 +30,10 @@ func (e *Engine) routes() http.Handler {
 	if !e.cfg.NoTokenize {
 		mux.HandleFunc("POST /tokenize", e.handleTokenize)
 	}
-	mux.HandleFunc("POST /v1/completions/render", e.handleRender("/v1/completions"))
-	mux.HandleFunc("POST /v1/chat/completions/render", e.handleRender("/v1/chat/completions"))
+	if !e.cfg.NoTokenize && !e.cfg.NoRender {
+		mux.HandleFunc("POST /v1/completions/render", e.handleRender("/v1/completions"))
+		mux.HandleFunc("POST /v1/chat/completions/render", e.handleRender("/v1/chat/completions"))
+	}
 	mux.HandleFunc("POST /detokenize", e.handleDetokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
 		if !e.ResetPrefixCache(r.URL.Query().Get("reset_external") == "true") {
@@ -81,6 +83,7 @@ type genRequest struct {
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	AddSpecialTokens     *bool           `json:"add_special_tokens"`
 	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
 	CacheSalt            *string         `json:"cache_salt"`
 	VLLMXargs            map[string]any  `json:"vllm_xargs"` // vLLM's SamplingParams.extra_args
 	Tokens               []int           `json:"tokens"`     // /detokenize
@@ -105,6 +108,9 @@ type parsed struct {
 	// reportAll: vllm_xargs kv_cache_report_mode "full" asks vLLM 0.33 to
 	// announce the prefix-cache blocks a request reuses, not only new ones.
 	reportAll bool
+	// tokenize: the request is a /tokenize, which applies the chat
+	// template even where chat completions do not (gpt-oss).
+	tokenize bool
 }
 
 // decodeBody reads a JSON request body.
@@ -244,6 +250,14 @@ func (e *Engine) chatPrompt(req *genRequest, p *parsed) *apiError {
 	}
 	if len(req.Messages) == 0 {
 		return badRequest("Field required: messages")
+	}
+	if e.harmony() && !p.tokenize {
+		text, err := harmonyPrompt(req)
+		if err != nil {
+			return badRequest("%v", err)
+		}
+		p.prompts = [][]int{e.tok.encode(text)}
+		return nil
 	}
 	agp := true
 	if req.AddGenerationPrompt != nil {
@@ -581,7 +595,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	p := &parsed{chat: len(req.Messages) > 0}
+	p := &parsed{chat: len(req.Messages) > 0, tokenize: true}
 	if apiErr := e.resolveModel(req.Model, p); apiErr != nil {
 		writeError(w, apiErr)
 		return

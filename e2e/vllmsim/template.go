@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvroute/kvroute/shared/prompt"
 )
 
 // The chat templates are real HuggingFace templates (templates/SOURCES.md).
@@ -320,4 +322,30 @@ func decodeValue(d *json.Decoder) (jinja.Value, error) {
 		return jinja.None(), nil
 	}
 	return jinja.Value{}, fmt.Errorf("unexpected JSON token %v", t)
+}
+
+// harmony reports whether the engine renders chat completions through
+// openai-harmony instead of its chat template, as vLLM does for every
+// gpt-oss model (use_harmony, by model type) whatever --chat-template
+// says. Its /tokenize still applies the template.
+func (e *Engine) harmony() bool { return familyOf(e.cfg.Model) == "gpt-oss" }
+
+// harmonyPrompt renders a chat request as vLLM's harmony path does, with
+// shared/prompt's Harmony renderer: its cases are pinned to the real
+// openai-harmony encoder (shared/prompt/testdata/harmony.json), which the
+// simulator cannot run.
+func harmonyPrompt(req *genRequest) (string, error) {
+	body, err := json.Marshal(struct {
+		Messages        json.RawMessage `json:"messages"`
+		Tools           json.RawMessage `json:"tools,omitempty"`
+		ReasoningEffort json.RawMessage `json:"reasoning_effort,omitempty"`
+	}{req.Messages, req.Tools, req.ReasoningEffort})
+	if err != nil {
+		return "", err
+	}
+	p, err := prompt.Render(nil, body, prompt.Harmony)
+	if err != nil {
+		return "", err
+	}
+	return string(p.Text), nil
 }

@@ -3,10 +3,11 @@
 // filter's rendered text against the index of what the engine cached; after
 // the first byte in which the two renders differ, no block matches, and
 // routing quietly falls back to load alone while every dashboard looks
-// healthy. So cachesync asks each engine to tokenize a fixed set of probe
-// conversations through its own chat template (vLLM's POST /tokenize with
-// messages), decodes the tokens with the vocabulary the index uses, and
-// compares the text with what shared/prompt renders under each template.
+// healthy. So cachesync asks each engine to render a fixed set of probe
+// conversations as it renders chat requests (vLLM's POST
+// /v1/chat/completions/render, else its POST /tokenize with messages),
+// decodes the tokens with the vocabulary the index uses, and compares the
+// text with what shared/prompt renders under each template.
 //
 // Decoding with the index's vocabulary is the point: it is also how KV
 // events become text, so an agreement here is an agreement of the hashes.
@@ -77,16 +78,37 @@ type Rendering struct {
 	// since its tokenizer adds the token (llama.cpp); Compare leaves it
 	// out of kvroute's render too.
 	NoBOS bool
+	// Path is the engine's path that rendered the probes: RenderPath,
+	// TokenizePath or llama.cpp's /apply-template; "" when none could.
+	Path string
 }
 
+// The paths of a vLLM engine that render chat messages to tokens.
+const (
+	// RenderPath renders a request as its chat completion would be:
+	// for gpt-oss, through openai-harmony.
+	RenderPath = "/v1/chat/completions/render"
+	// TokenizePath applies the model's chat template, whatever the chat
+	// completions path does: for gpt-oss, the Jinja template its chat
+	// completions do not use.
+	TokenizePath = "/tokenize"
+)
+
 // Fetch has the engine at baseURL (http://host:port) render every probe for
-// model, and decodes the tokens with v. A probe the engine answers with a
-// client error is refused, not failed: templates may reject tool messages.
-// Any other failure is returned, wrapped; ErrUnsupported when the engine
-// serves no chat /tokenize.
+// model, and decodes the tokens with v. It asks RenderPath, which renders
+// what a chat completion would, and an engine that does not serve it (vLLM
+// before it, SGLang) its TokenizePath. A probe the engine answers with a
+// client error is refused, not failed: templates may reject tool
+// messages. Any other failure is returned, wrapped; ErrUnsupported when
+// the engine serves neither.
 func Fetch(ctx context.Context, client *http.Client, baseURL, model string, v *vocab.Vocab) (*Rendering, error) {
-	return fetch(ctx, model, func(body []byte) ([]byte, string, error) {
-		ids, refused, err := tokenize(ctx, client, baseURL+"/tokenize", body)
+	path := RenderPath
+	r, err := fetch(ctx, model, func(body []byte) ([]byte, string, error) {
+		ids, refused, err := tokenize(ctx, client, baseURL+path, body)
+		if errors.Is(err, ErrUnsupported) && path == RenderPath {
+			path = TokenizePath
+			ids, refused, err = tokenize(ctx, client, baseURL+path, body)
+		}
 		if err != nil || refused != "" {
 			return nil, refused, err
 		}
@@ -96,6 +118,10 @@ func Fetch(ctx context.Context, client *http.Client, baseURL, model string, v *v
 		}
 		return text, "", nil
 	})
+	if r != nil {
+		r.Path = path
+	}
+	return r, err
 }
 
 // FetchApplied is Fetch for an engine that renders chat prompts to text for
@@ -126,7 +152,7 @@ func FetchApplied(ctx context.Context, client *http.Client, baseURL, model strin
 		return []byte(*out.Prompt), "", nil
 	})
 	if r != nil {
-		r.NoBOS = true
+		r.NoBOS, r.Path = true, "/apply-template"
 	}
 	return r, err
 }
@@ -166,18 +192,23 @@ func sameDay(t time.Time, y int, m time.Month, d int) bool {
 	return ty == y && tm == m && td == d
 }
 
-// tokenize posts one probe to a /tokenize; refused is the engine's
-// complaint about a request it rejected as a client error.
+// tokenize posts one probe to a /tokenize or a render endpoint (whose
+// answer names the tokens token_ids); refused is the engine's complaint
+// about a request it rejected as a client error.
 func tokenize(ctx context.Context, client *http.Client, url string, body []byte) (ids []uint32, refused string, err error) {
 	data, refused, err := post(ctx, client, url, body)
 	if err != nil || refused != "" {
 		return nil, refused, err
 	}
 	var out struct {
-		Tokens []uint32 `json:"tokens"`
+		Tokens   []uint32 `json:"tokens"`
+		TokenIDs []uint32 `json:"token_ids"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
-		return nil, "", fmt.Errorf("/tokenize answer: %w", err)
+		return nil, "", fmt.Errorf("%s answer: %w", url, err)
+	}
+	if len(out.Tokens) == 0 {
+		out.Tokens = out.TokenIDs
 	}
 	if len(out.Tokens) == 0 {
 		// llama.cpp answers a /tokenize of messages with no tokens: it

@@ -40,7 +40,13 @@ func loadVocab(t *testing.T) *vocab.Vocab {
 
 func startSim(t *testing.T, model, template string) *vllmsim.Engine {
 	t.Helper()
-	e, err := vllmsim.Start(context.Background(), vllmsim.Config{Host: "127.0.0.1", Model: model, ChatTemplate: template})
+	return startSimConfig(t, vllmsim.Config{Model: model, ChatTemplate: template})
+}
+
+func startSimConfig(t *testing.T, cfg vllmsim.Config) *vllmsim.Engine {
+	t.Helper()
+	cfg.Host = "127.0.0.1"
+	e, err := vllmsim.Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,27 +56,31 @@ func startSim(t *testing.T, model, template string) *vllmsim.Engine {
 
 // Each template agrees with an engine serving it, and only with it. The
 // general path's families are served from their real source, as an engine
-// given --chat-template would.
+// given --chat-template would. gpt-oss's chat completions render through
+// harmony, which the render endpoint shows; an engine without one (vLLM
+// before it) shows the Jinja template its /tokenize applies.
 func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
 	v := loadVocab(t)
 	tests := []struct {
-		model   string
-		want    prompt.Template
-		general bool // the engine is given the template's source
+		model    string
+		want     prompt.Template
+		general  bool // the engine is given the template's source
+		noRender bool
 	}{
-		{"Qwen/Qwen2.5-7B-Instruct", prompt.ChatML, false},
-		{"meta-llama/Llama-3.1-8B-Instruct", prompt.Llama3, false},
-		{"mistralai/Mistral-Nemo-Instruct-2407", prompt.Mistral, false},
-		{"google/gemma-3-4b-it", prompt.Gemma, false},
-		{"Qwen/Qwen3-32B", prompt.Qwen3, false},
-		{"meta-llama/Llama-3.2-3B-Instruct", prompt.Llama32, false}, // today's date, on the engine's clock
-		{"deepseek-ai/DeepSeek-V3.1", prompt.DeepSeekV31, true},
-		{"deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", prompt.DeepSeekR1, true},
-		{"openai/gpt-oss-120b", prompt.GptOss, true},
-		{"mistralai/Mistral-Small-3.2-24B-Instruct-2506", prompt.MistralSmall32, true},
-		{"microsoft/Phi-3.5-mini-instruct", prompt.Phi35, true},
-		{"ibm-granite/granite-3.3-8b-instruct", prompt.Granite33, true},
-		{"NousResearch/Hermes-3-Llama-3.1-8B", prompt.Hermes, true},
+		{"Qwen/Qwen2.5-7B-Instruct", prompt.ChatML, false, false},
+		{"meta-llama/Llama-3.1-8B-Instruct", prompt.Llama3, false, false},
+		{"mistralai/Mistral-Nemo-Instruct-2407", prompt.Mistral, false, false},
+		{"google/gemma-3-4b-it", prompt.Gemma, false, false},
+		{"Qwen/Qwen3-32B", prompt.Qwen3, false, false},
+		{"meta-llama/Llama-3.2-3B-Instruct", prompt.Llama32, false, false}, // today's date, on the engine's clock
+		{"deepseek-ai/DeepSeek-V3.1", prompt.DeepSeekV31, true, false},
+		{"deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", prompt.DeepSeekR1, true, false},
+		{"openai/gpt-oss-120b", prompt.Harmony, false, false},
+		{"openai/gpt-oss-20b", prompt.GptOss, true, true},
+		{"mistralai/Mistral-Small-3.2-24B-Instruct-2506", prompt.MistralSmall32, true, false},
+		{"microsoft/Phi-3.5-mini-instruct", prompt.Phi35, true, false},
+		{"ibm-granite/granite-3.3-8b-instruct", prompt.Granite33, true, false},
+		{"NousResearch/Hermes-3-Llama-3.1-8B", prompt.Hermes, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want.String(), func(t *testing.T) {
@@ -78,10 +88,16 @@ func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
 			if tt.general {
 				spec = templateSource(t, tt.want)
 			}
-			e := startSim(t, tt.model, spec)
+			if strings.HasPrefix(tt.model, "openai/gpt-oss") {
+				spec = templateSource(t, prompt.GptOss) // the tokenizer's own
+			}
+			e := startSimConfig(t, vllmsim.Config{Model: tt.model, ChatTemplate: spec, NoRender: tt.noRender})
 			r, err := Fetch(context.Background(), http.DefaultClient, e.URL(), tt.model, v)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if want := map[bool]string{false: RenderPath, true: TokenizePath}[tt.noRender]; r.Path != want {
+				t.Errorf("rendered by %s, want %s", r.Path, want)
 			}
 			a := Compare(r, tt.want, nil)
 			if !a.Agrees() {
