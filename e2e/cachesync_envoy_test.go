@@ -395,28 +395,39 @@ func TestCachesyncTemplateMismatch(t *testing.T) {
 }
 
 // TestCachesyncAutoTemplatePool: one gateway configuration, chat_template
-// auto, in front of a pool serving two models with different templates
-// (Qwen with ChatML, Llama 3.1 with its own): cachesync finds which template
-// each engine renders with, the gateway renders each model's requests with
-// its template, and both models are routed by their engines' KV events.
+// auto, in front of a pool serving three models with different templates
+// (Qwen with ChatML, Llama 3.1 with its own, gpt-oss through harmony, as
+// vLLM renders it whatever its Jinja template): cachesync finds which
+// template each engine renders with (gpt-oss's through vLLM's render
+// endpoint), the gateway renders each model's requests with its template,
+// and every model is routed by its engines' KV events.
 func TestCachesyncAutoTemplatePool(t *testing.T) {
-	const llama = "meta-llama/Llama-3.1-8B-Instruct"
-	es := startEngines(t, 2, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
-	ls, err := vllmsim.StartN(context.Background(), 2, vllmsim.Config{Model: llama, NumGPUBlocks: 1024, TimeScale: 0.05,
-		KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true}})
+	gptOss, err := os.ReadFile("../shared/prompt/templates/gpt-oss.jinja")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, e := range ls {
-			e.Close()
+	es := startEngines(t, 2, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	all := slices.Clone(es)
+	for _, cfg := range []vllmsim.Config{
+		{Model: "meta-llama/Llama-3.1-8B-Instruct"},
+		{Model: "openai/gpt-oss-20b", ChatTemplate: string(gptOss)},
+	} {
+		cfg.NumGPUBlocks, cfg.TimeScale, cfg.KVEvents = 1024, 0.05, vllmsim.KVEventsConfig{EnableKVCacheEvents: true}
+		started, err := vllmsim.StartN(context.Background(), 2, cfg)
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
-	all := append(slices.Clone(es), ls...)
+		t.Cleanup(func() {
+			for _, e := range started {
+				e.Close()
+			}
+		})
+		all = append(all, started...)
+	}
 	cs := startCachesync(t, "127.0.0.1:0", all, true)
 	g := cachesyncGateway(t, all, cs.addr, nil, "chat_template", "auto")
 	waitFor(t, 15*time.Second, "cachesync to find every engine's template", func() bool {
-		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_template{state="agrees"} 4`+"\n")
+		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_template{state="agrees"} 6`+"\n")
 	})
 	chat := func(model, system, user string, maxTokens int) []byte {
 		b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": maxTokens,
@@ -433,8 +444,12 @@ func TestCachesyncAutoTemplatePool(t *testing.T) {
 		}
 		waitFor(t, 10*time.Second, "affinity to the warmed "+model+" engine", func() bool {
 			code, d := post(t, g.client, g.url, chat(model, system, "next", -1))
-			return code == http.StatusBadRequest && affineTo(d, e.Addr())
+			return code == http.StatusBadRequest && affineTo(d, e.Addr()) &&
+				(!strings.HasPrefix(model, "openai/gpt-oss") || strings.Contains(d, "template=harmony"))
 		})
+	}
+	if !strings.Contains(cs.get(t, "/metrics"), `template="harmony"} 1`) {
+		t.Error("no engine found to render harmony")
 	}
 }
 
