@@ -138,7 +138,7 @@ func TestRenderDoesNotAllocate(t *testing.T) {
 // same bodies: 16 KiB, a typical chat, and 512 KiB.
 func BenchmarkRenderPath(b *testing.B) {
 	for _, size := range []int{16 << 10, 512 << 10} {
-		for _, t := range []Template{ChatML, DeepSeekV31, GptOss} {
+		for _, t := range []Template{ChatML, DeepSeekV31, GptOss, Harmony} {
 			b.Run(t.String()+"/"+strconv.Itoa(size>>10)+"KiB", func(b *testing.B) {
 				body := chatBody(size, true)
 				r := Renderer{Now: func() time.Time { return time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC) }}
