@@ -328,15 +328,18 @@ func (r *Renderer) harmonyTools() ([]byte, error) {
 	return append(b, "} // namespace functions"...), err
 }
 
-// rustLines splits s as Rust's str::lines: at "\n", each line without a
-// trailing "\r", no line after a final "\n".
+// rustLines splits s as Rust's str::lines: at "\n" or "\r\n", no line
+// after a final one; a last line without "\n" keeps a trailing "\r".
 func rustLines(s string) []string {
 	if s == "" {
 		return nil
 	}
+	ended := strings.HasSuffix(s, "\n")
 	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 	for i, l := range lines {
-		lines[i] = strings.TrimSuffix(l, "\r")
+		if i < len(lines)-1 || ended {
+			lines[i] = strings.TrimSuffix(l, "\r")
+		}
 	}
 	return lines
 }

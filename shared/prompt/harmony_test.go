@@ -2,6 +2,7 @@ package prompt
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,25 @@ func TestHarmonyReasoningEffort(t *testing.T) {
 			t.Errorf("%s: %v, want %v", body, err, tc.err)
 		case tc.err == nil && (err != nil || !strings.Contains(string(p.Text), tc.want)):
 			t.Errorf("%s: %q (%v), want %q", body, p.Text, err, tc.want)
+		}
+	}
+}
+
+func TestRustLines(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{"a", []string{"a"}},
+		{"a\n", []string{"a"}},
+		{"\n", []string{""}},
+		{"a\r\nb\r\n", []string{"a", "b"}},
+		{"a\n\nb\r", []string{"a", "", "b\r"}},
+	}
+	for _, tc := range tests {
+		if got := rustLines(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("rustLines(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }

@@ -179,7 +179,7 @@ SCHEMA = {"type": "function", "function": {
         "floats": {"type": "array", "items": {"type": "number"}, "default": [1e-7, 1e-5, 1e15, 1e16, 2.5, -0.0, 123456.789]},
         "ints": {"type": "array", "default": [12345678901234567890, -7]}},
         "required": ["query", "mode"]}}}
-BARE = {"type": "function", "function": {"name": "ping"}}
+BARE = {"type": "function", "function": {"name": "ping", "description": "Line one\r\nLine two\n\nafter a blank\r"}}
 EMPTY = {"type": "function", "function": {"name": "noop", "description": "", "parameters": {}}}
 
 CASES = {
