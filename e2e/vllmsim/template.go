@@ -44,6 +44,10 @@ var families = map[string]family{
 	"phi-3.5":           {bos: "<s>", eos: "<|endoftext|>", addBOS: true},
 	"granite-3.3":       {bos: "<|end_of_text|>", eos: "<|end_of_text|>"},
 	"hermes":            {bos: "<|begin_of_text|>", eos: "<|im_end|>", addBOS: true},
+	// Models served here only with a template given as source (vLLM's
+	// examples): their tokenizers' special tokens.
+	"llama4":    {bos: "<|begin_of_text|>", eos: "<|eot|>", addBOS: true},
+	"phi4-mini": {bos: "<|endoftext|>", eos: "<|endoftext|>"},
 }
 
 // models maps served model names, by lower-case prefix, to the family
@@ -64,6 +68,8 @@ var models = []struct{ prefix, family string }{
 	{"microsoft/phi-3.5-", "phi-3.5"},
 	{"ibm-granite/granite-3.3-", "granite-3.3"},
 	{"nousresearch/hermes-3-", "hermes"},
+	{"meta-llama/llama-4-", "llama4"},
+	{"microsoft/phi-4-mini-", "phi4-mini"},
 }
 
 // familyOf returns the template family of a served model name, or "".

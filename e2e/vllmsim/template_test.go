@@ -231,7 +231,13 @@ func TestRequestsMatchReference(t *testing.T) {
 				if why := familyDeviations[c.Name+"/"+family]; why != "" {
 					t.Skip(why)
 				}
-				if want.Text == nil && (family == "hermes" || family == "gpt-oss") {
+				switch family {
+				case "vllm-llama4-json":
+					t.Skip("ardanlabs/jinja cannot parse the template's adjacent string literals (Jinja2 and shared/jinja join them)")
+				case "vllm-llama4-pythonic":
+					t.Skip("ardanlabs/jinja has no format filter and renders the template's whitespace control unlike Jinja2")
+				}
+				if want.Text == nil && (family == "hermes" || family == "vllm-hermes" || family == "gpt-oss") {
 					t.Skip("ardanlabs/jinja iterates none as empty where Jinja2 raises, so the engine renders what vLLM refuses")
 				}
 				tpl, err := referenceTemplate(family)
@@ -270,6 +276,14 @@ func referenceTemplate(family string) (*chatTemplate, error) {
 	src, err := os.ReadFile("../../shared/prompt/templates/" + family + ".jinja")
 	if err != nil {
 		return nil, err
+	}
+	// vLLM's example templates are served for the models they are
+	// written for.
+	examples := map[string]string{"vllm-llama3.1-json": "meta-llama/llama-3.1-", "vllm-llama4-json": "meta-llama/llama-4-",
+		"vllm-llama4-pythonic": "meta-llama/llama-4-", "vllm-phi4-mini": "microsoft/phi-4-mini-",
+		"vllm-hermes": "nousresearch/hermes-3-", "vllm-chatml": "qwen/qwen2.5-"}
+	if prefix, ok := examples[family]; ok {
+		return newChatTemplate(string(src), prefix)
 	}
 	for _, m := range models {
 		if m.family == family {

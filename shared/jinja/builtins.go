@@ -42,6 +42,7 @@ func init() {
 		"capitalize": strFilter(capitalize),
 		"title":      strFilter(title),
 		"replace":    replaceFilter,
+		"format":     formatFilter,
 		"selectattr": selectFilter(true, true), "rejectattr": selectFilter(true, false),
 		"select": selectFilter(false, true), "reject": selectFilter(false, false),
 		"map":     mapFilter,
@@ -419,6 +420,60 @@ func replaceFilter(c *call) (Value, error) {
 		n = int(i)
 	}
 	return strings.Replace(str(c.args[0]), str(c.args[1]), str(c.args[2]), n), nil
+}
+
+// formatFilter is Jinja's format: the string %-formatted with the
+// arguments, as Python's str % tuple. %s, %r, %d, %i and %% are
+// supported; any other conversion, flags or width, or named arguments,
+// are an error rather than a guess.
+func formatFilter(c *call) (Value, error) {
+	if len(c.args) == 0 {
+		return nil, errors("format needs a string")
+	}
+	if len(c.kw) > 0 {
+		return nil, errors("format with named arguments is not supported")
+	}
+	f, args := str(c.args[0]), c.args[1:]
+	var out []byte
+	n := 0
+	for i := 0; i < len(f); i++ {
+		if f[i] != '%' {
+			out = append(out, f[i])
+			continue
+		}
+		if i++; i == len(f) {
+			return nil, errors("format: incomplete format")
+		}
+		if f[i] == '%' {
+			out = append(out, '%')
+			continue
+		}
+		if n == len(args) {
+			return nil, errors("format: not enough arguments for format string")
+		}
+		switch a := args[n]; f[i] {
+		case 's':
+			out = appendStr(out, a)
+		case 'r':
+			out = appendRepr(out, a)
+		case 'd', 'i':
+			v, ok := toInt(a)
+			if f, isFloat := a.(float64); isFloat && !math.IsInf(f, 0) && !math.IsNaN(f) {
+				v, ok = int64(f), true // Python truncates
+			}
+			if !ok {
+				return nil, errors("format: %" + string(f[i]) + " format: a real number is required, not " + typeName(a))
+			}
+			out = strconv.AppendInt(out, v, 10)
+		default:
+			return nil, errors("format: unsupported conversion %" + string(f[i]))
+		}
+		n++
+	}
+	if n < len(args) {
+		return nil, errors("format: not all arguments converted during string formatting")
+	}
+	return string(out), nil
 }
 
 // selectFilter is select, reject, selectattr and rejectattr.

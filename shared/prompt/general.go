@@ -96,6 +96,14 @@ var generals = map[Template]*general{
 	Phi35:          {file: "phi-3.5.jinja", special: map[string]string{"bos_token": "<s>", "eos_token": "<|endoftext|>"}},
 	Granite33:      {file: "granite-3.3.jinja", special: map[string]string{"bos_token": "<|end_of_text|>", "eos_token": "<|end_of_text|>"}},
 	Hermes:         {file: "hermes.jinja", special: map[string]string{"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}},
+	// vLLM's examples, with the special tokens of the models they are
+	// written for.
+	VLLMLlama31JSON:    {file: "vllm-llama3.1-json.jinja", special: map[string]string{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}},
+	VLLMLlama4JSON:     {file: "vllm-llama4-json.jinja", special: map[string]string{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot|>"}},
+	VLLMLlama4Pythonic: {file: "vllm-llama4-pythonic.jinja", special: map[string]string{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot|>"}},
+	VLLMPhi4Mini:       {file: "vllm-phi4-mini.jinja", special: map[string]string{"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}},
+	VLLMHermes:         {file: "vllm-hermes.jinja", special: map[string]string{"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}},
+	VLLMChatML:         {file: "vllm-chatml.jinja", special: map[string]string{"eos_token": "<|im_end|>"}},
 }
 
 // maxSteps bounds a render's statements and loop passes. A real

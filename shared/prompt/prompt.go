@@ -107,12 +107,31 @@ const (
 	// own with today's date (Renderer.Now, in UTC) and
 	// reasoning_effort (harmony.go).
 	Harmony
+
+	// vLLM's example chat templates (its examples/ directory), which
+	// deployments pass as --chat-template for tool calling; rendered by
+	// the general path.
+
+	// VLLMLlama31JSON is tool_chat_template_llama3.1_json.jinja.
+	VLLMLlama31JSON
+	// VLLMLlama4JSON is tool_chat_template_llama4_json.jinja.
+	VLLMLlama4JSON
+	// VLLMLlama4Pythonic is tool_chat_template_llama4_pythonic.jinja.
+	VLLMLlama4Pythonic
+	// VLLMPhi4Mini is tool_chat_template_phi4_mini.jinja.
+	VLLMPhi4Mini
+	// VLLMHermes is tool_chat_template_hermes.jinja.
+	VLLMHermes
+	// VLLMChatML is template_chatml.jinja.
+	VLLMChatML
 )
 
 // templateNames are in the order of the constants, whose values the
 // snapshot carries: new templates go at the end.
 var templateNames = [...]string{Plain: "plain", ChatML: "chatml", Llama3: "llama3", Mistral: "mistral", Gemma: "gemma", Qwen3: "qwen3", Llama32: "llama3.2",
-	DeepSeekV31: "deepseek-v3.1", DeepSeekR1: "deepseek-r1", GptOss: "gpt-oss", MistralSmall32: "mistral-small-3.2", Phi35: "phi-3.5", Granite33: "granite-3.3", Hermes: "hermes", Custom: "custom", Harmony: "harmony"}
+	DeepSeekV31: "deepseek-v3.1", DeepSeekR1: "deepseek-r1", GptOss: "gpt-oss", MistralSmall32: "mistral-small-3.2", Phi35: "phi-3.5", Granite33: "granite-3.3", Hermes: "hermes", Custom: "custom", Harmony: "harmony",
+	VLLMLlama31JSON: "vllm-llama3.1-json", VLLMLlama4JSON: "vllm-llama4-json", VLLMLlama4Pythonic: "vllm-llama4-pythonic",
+	VLLMPhi4Mini: "vllm-phi4-mini", VLLMHermes: "vllm-hermes", VLLMChatML: "vllm-chatml"}
 
 // ParseTemplate returns the template with the given configuration name.
 func ParseTemplate(name string) (Template, error) {
@@ -176,7 +195,7 @@ func (t Template) String() string {
 // its templates print first; "" for families without one.
 func (t Template) BOS() string {
 	switch t {
-	case Llama3, Llama32, Hermes:
+	case Llama3, Llama32, Hermes, VLLMLlama31JSON, VLLMLlama4JSON, VLLMLlama4Pythonic, VLLMHermes:
 		return "<|begin_of_text|>"
 	case Mistral, MistralSmall32, Phi35:
 		return "<s>"

@@ -81,6 +81,15 @@ func TestEachTemplateAgreesWithItsEngineOnly(t *testing.T) {
 		{"microsoft/Phi-3.5-mini-instruct", prompt.Phi35, true, false},
 		{"ibm-granite/granite-3.3-8b-instruct", prompt.Granite33, true, false},
 		{"NousResearch/Hermes-3-Llama-3.1-8B", prompt.Hermes, true, false},
+		// vLLM's example templates, as given with --chat-template. (Not
+		// tool_chat_template_llama4_json.jinja: the simulator's Jinja
+		// library cannot parse its adjacent string literals, which
+		// Jinja2 and shared/jinja join; reference.json pins it.)
+		{"meta-llama/Llama-3.1-70B-Instruct", prompt.VLLMLlama31JSON, true, false},
+		{"meta-llama/Llama-4-Maverick-17B-128E-Instruct", prompt.VLLMLlama4Pythonic, true, false},
+		{"microsoft/Phi-4-mini-instruct", prompt.VLLMPhi4Mini, true, false},
+		{"NousResearch/Hermes-3-Llama-3.1-70B", prompt.VLLMHermes, true, false},
+		{"Qwen/Qwen2.5-72B-Instruct", prompt.VLLMChatML, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want.String(), func(t *testing.T) {

@@ -82,6 +82,9 @@ SNIPPETS = {
     "unknown_test": "{{ 1 is no_such_test }}",
     "unknown_filter_in_if": "{% if false %}{{ 1|no_such_filter }}{{ 2 is no_such_test }}{% endif %}ok",
     "unknown_test_reached": "{% if x %}{{ 1 is no_such_test }}{% endif %}",
+    "format": "{{ '%s=%r;%d%%'|format({'a': [1, none]}, 'q\\'s', 2.9) }}|{{ '%i'|format(true) }}|{{ '%s'|format('é') }}",
+    "format_too_few": "{{ '%s %s'|format(1) }}",
+    "format_too_many": "{{ 'x'|format(1) }}",
     "sort_min_max": "{{ ['b', 'A', 'c']|sort }}{{ ['b', 'A', 'c']|sort(true) }}{{ [{'n': 2}, {'n': 1}]|sort(attribute='n') }}{{ ['b', 'A']|min }}{{ [3, 1, 2]|max }}{{ {'b': 1, 'A': 2}|dictsort }}{{ {'a': 2, 'b': 1}|dictsort(by='value', reverse=true) }}",
 }
 

@@ -54,6 +54,12 @@ for _name, _special in {
     "phi-3.5": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
     "granite-3.3": {"bos_token": "<|end_of_text|>", "eos_token": "<|end_of_text|>"},
     "hermes": {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"},
+    "vllm-llama3.1-json": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "vllm-llama4-json": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot|>"},
+    "vllm-llama4-pythonic": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot|>"},
+    "vllm-phi4-mini": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+    "vllm-hermes": {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"},
+    "vllm-chatml": {"eos_token": "<|im_end|>"},
 }.items():
     FAMILIES[_name] = (os.path.join(GENERAL, _name + ".jinja"), _special, None)
 
