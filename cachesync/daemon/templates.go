@@ -50,10 +50,10 @@ type templateState struct {
 	// unseen says why the probes could not show how the engine renders
 	// chat completions, though they rendered: then it agrees with no
 	// gateway, and is routed approximately. "" when they show it.
-	unseen string
-	fetched     time.Time // when the last check started
-	running     bool
-	failure     string // the last check's error, once logged; "" when it went through
+	unseen  string
+	fetched time.Time // when the last check started
+	running bool
+	failure string // the last check's error, once logged; "" when it went through
 
 	// The verdict: against which gateway templates it was reached, their
 	// agreements, and whether the engine was made approximate for it.
