@@ -44,8 +44,8 @@ type templateState struct {
 	// held template it is when that is prompt.Custom.
 	renders prompt.Template
 	custom  *prompt.Jinja
-	// unsupported: the engine serves no chat /tokenize, so nothing is known
-	// of its template.
+	// unsupported: the engine serves neither a chat render endpoint nor a
+	// chat /tokenize, so nothing is known of its template.
 	unsupported bool
 	// unseen says why the probes could not show how the engine renders
 	// chat completions, though they rendered: then it agrees with no
@@ -154,7 +154,7 @@ func (d *Daemon) applyCheck(ctx context.Context, res checkResult) {
 		return
 	}
 	if unsupported && !tc.unsupported {
-		d.log.Info("engine cannot be asked how it renders chat prompts (no chat /tokenize); its template is assumed to match a fixed chat_template of the gateways', and not to match plain", "engine", res.addr)
+		d.log.Info("engine cannot be asked how it renders chat prompts (neither a chat render endpoint nor a chat /tokenize); its template is assumed to match a fixed chat_template of the gateways', and not to match plain", "engine", res.addr)
 	}
 	tc.failure, tc.unsupported = "", unsupported
 	if unsupported {
