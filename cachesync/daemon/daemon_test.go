@@ -618,6 +618,33 @@ func TestTokenFileRotation(t *testing.T) {
 	until("new", true)
 }
 
+// pollSnapshots fetches the snapshot from the daemon at base every 50 ms
+// until the test ends, once for each template templates names, as
+// gateways rendering with them do.
+func pollSnapshots(t *testing.T, base string, templates func() []string) {
+	go func() {
+		for t.Context().Err() == nil {
+			for _, n := range templates() {
+				req, _ := http.NewRequestWithContext(t.Context(), "GET", base+"/v1/snapshot?since=0&template="+n, nil)
+				req.Header.Set("Authorization", "Bearer tok")
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+}
+
+// metricShows returns a condition for eventually: the daemon's metrics
+// page holds line.
+func metricShows(t *testing.T, base string) func(line string) func() bool {
+	return func(line string) func() bool {
+		return func() bool { return strings.Contains(get(t, base+"/metrics"), line+"\n") }
+	}
+}
+
 // TestTemplateFollowsTheGateways: an engine is checked against the template
 // the gateways name when they fetch; reconfiguring the gateways moves the
 // engine between precise and approximate indexing, and gateways that
@@ -640,22 +667,8 @@ func TestTemplateFollowsTheGateways(t *testing.T) {
 	// Gateways poll the snapshot naming their templates.
 	var names atomic.Value
 	names.Store([]string{"chatml"})
-	go func() {
-		for t.Context().Err() == nil {
-			for _, n := range names.Load().([]string) {
-				req, _ := http.NewRequestWithContext(t.Context(), "GET", base+"/v1/snapshot?since=0&template="+n, nil)
-				req.Header.Set("Authorization", "Bearer tok")
-				if resp, err := http.DefaultClient.Do(req); err == nil {
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
-	metric := func(line string) func() bool {
-		return func() bool { return strings.Contains(get(t, base+"/metrics"), line+"\n") }
-	}
+	pollSnapshots(t, base, func() []string { return names.Load().([]string) })
+	metric := metricShows(t, base)
 	eventually(t, "the engine to agree with chatml gateways", metric(`kvroute_cachesync_engines_by_template{state="agrees"} 1`))
 	if !strings.Contains(get(t, base+"/metrics"), `kvroute_cachesync_template_agreement{engine="`+e.Addr()+`",template="chatml"} 1`+"\n") {
 		t.Error("no agreement of 1 for chatml")
@@ -700,20 +713,8 @@ func TestUncheckableEngineAndAutoGateways(t *testing.T) {
 	base := "http://" + d.Addr()
 	var name atomic.Value
 	name.Store("chatml")
-	go func() {
-		for t.Context().Err() == nil {
-			req, _ := http.NewRequestWithContext(t.Context(), "GET", base+"/v1/snapshot?since=0&template="+name.Load().(string), nil)
-			req.Header.Set("Authorization", "Bearer tok")
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
-	metric := func(line string) func() bool {
-		return func() bool { return strings.Contains(get(t, base+"/metrics"), line+"\n") }
-	}
+	pollSnapshots(t, base, func() []string { return []string{name.Load().(string)} })
+	metric := metricShows(t, base)
 	eventually(t, "the engine checked and found uncheckable", metric(`kvroute_cachesync_engines_by_template{state="unchecked"} 1`))
 	if !metric(`kvroute_cachesync_engines{mode="precise"} 1`)() {
 		t.Fatal("an uncheckable engine behind a fixed gateway template is not precise")
@@ -754,20 +755,8 @@ func TestGptOssOnVLLM(t *testing.T) {
 	d.gatewayWindow = 500 * time.Millisecond
 	runDaemon(t, d)
 	base := "http://" + d.Addr()
-	go func() {
-		for t.Context().Err() == nil {
-			req, _ := http.NewRequestWithContext(t.Context(), "GET", base+"/v1/snapshot?since=0&template=auto", nil)
-			req.Header.Set("Authorization", "Bearer tok")
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
-	metric := func(line string) func() bool {
-		return func() bool { return strings.Contains(get(t, base+"/metrics"), line+"\n") }
-	}
+	pollSnapshots(t, base, func() []string { return []string{"auto"} })
+	metric := metricShows(t, base)
 	eventually(t, "the engine with a render endpoint to agree with harmony",
 		metric(`kvroute_cachesync_template_agreement{engine="`+a.Addr()+`",template="harmony"} 1`))
 	eventually(t, "the engine without one to be indexed approximately", metric(`kvroute_cachesync_engines{mode="approximate"} 1`))

@@ -121,6 +121,14 @@ func (j *jsonWriter) newline(dst []byte, level int) []byte {
 	return dst
 }
 
+// AppendJSONString appends s quoted as Python's json.dumps(s,
+// ensure_ascii=False) prints it, which escapes what Rust's serde_json
+// escapes: '"', '\\' and the control characters.
+func AppendJSONString(dst []byte, s string) []byte {
+	var j jsonWriter
+	return j.str(dst, s)
+}
+
 func (j *jsonWriter) str(dst []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')

@@ -373,21 +373,14 @@ func appendTS(dst []byte, schema jinja.Value, indent string) []byte {
 		return dst
 	}
 	if types, ok := get(d, "type").(*jinja.List); ok {
-		n := 0
-		for _, t := range types.Items {
-			if s, ok := t.(string); ok {
-				if n > 0 {
-					dst = append(dst, " | "...)
-				}
-				if s == "integer" {
-					s = "number"
-				}
-				dst = append(dst, s...)
-				n++
+		out, n := appendUnion(dst, types, func(dst []byte, s string) []byte {
+			if s == "integer" {
+				s = "number"
 			}
-		}
+			return append(dst, s...)
+		})
 		if n > 0 {
-			return dst
+			return out
 		}
 	}
 	typ, ok := get(d, "type").(string)
@@ -399,18 +392,11 @@ func appendTS(dst []byte, schema jinja.Value, indent string) []byte {
 		return appendTSObject(dst, d, indent)
 	case "string":
 		if enum, ok := get(d, "enum").(*jinja.List); ok {
-			n := 0
-			for _, e := range enum.Items {
-				if s, ok := e.(string); ok {
-					if n > 0 {
-						dst = append(dst, " | "...)
-					}
-					dst = append(append(append(dst, '"'), s...), '"')
-					n++
-				}
-			}
+			out, n := appendUnion(dst, enum, func(dst []byte, s string) []byte {
+				return append(append(append(dst, '"'), s...), '"')
+			})
 			if n > 0 {
-				return dst
+				return out
 			}
 		}
 		return append(dst, "string"...)
@@ -425,6 +411,21 @@ func appendTS(dst []byte, schema jinja.Value, indent string) []byte {
 		return append(dst, "Array<any>"...)
 	}
 	return append(dst, "any"...)
+}
+
+// appendUnion appends the strings of l, each as each writes it, joined
+// with " | "; n counts them (other items are left out).
+func appendUnion(dst []byte, l *jinja.List, each func(dst []byte, s string) []byte) (out []byte, n int) {
+	for _, v := range l.Items {
+		if s, ok := v.(string); ok {
+			if n > 0 {
+				dst = append(dst, " | "...)
+			}
+			dst = each(dst, s)
+			n++
+		}
+	}
+	return dst, n
 }
 
 // appendTSObject writes an object schema: its properties one per line,
@@ -555,8 +556,8 @@ func getOK(v jinja.Value, key string) (jinja.Value, bool) {
 }
 
 // appendSerdeJSON appends v as Rust's serde_json prints a value: compact,
-// members in their order, only '"', '\\' and control characters escaped,
-// floats as ryu writes them.
+// members in their order, strings escaped as Python's json.dumps escapes
+// them without ensure_ascii (the same rules), floats as ryu writes them.
 func appendSerdeJSON(dst []byte, v jinja.Value) []byte {
 	switch x := v.(type) {
 	case nil:
@@ -568,7 +569,7 @@ func appendSerdeJSON(dst []byte, v jinja.Value) []byte {
 	case float64:
 		return appendRyu(dst, x)
 	case string:
-		return appendSerdeString(dst, x)
+		return jinja.AppendJSONString(dst, x)
 	case *jinja.List:
 		dst = append(dst, '[')
 		for i, it := range x.Items {
@@ -586,7 +587,7 @@ func appendSerdeJSON(dst []byte, v jinja.Value) []byte {
 				dst = append(dst, ',')
 			}
 			i++
-			dst = append(appendSerdeString(dst, k), ':')
+			dst = append(jinja.AppendJSONString(dst, k), ':')
 			dst = appendSerdeJSON(dst, it)
 		})
 		return append(dst, '}')
@@ -601,32 +602,6 @@ func appendSerdeJSON(dst []byte, v jinja.Value) []byte {
 		return appendRyu(dst, f)
 	}
 	return append(dst, "null"...)
-}
-
-func appendSerdeString(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			dst = append(dst, '\\', c)
-		case c == '\n':
-			dst = append(dst, `\n`...)
-		case c == '\r':
-			dst = append(dst, `\r`...)
-		case c == '\t':
-			dst = append(dst, `\t`...)
-		case c == '\b':
-			dst = append(dst, `\b`...)
-		case c == '\f':
-			dst = append(dst, `\f`...)
-		case c < 0x20:
-			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
-		default:
-			dst = append(dst, c)
-		}
-	}
-	return append(dst, '"')
 }
 
 // appendRyu appends f as the ryu crate's format_finite does: the
