@@ -166,6 +166,16 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonAffinity,
 		},
 		{
+			// Priced for its whole 2,000 tokens, the answer's decoding in a
+			// batch of 30 rather than 10 outweighed re-prefilling the
+			// prompt; the load it would flee lasts only until the next
+			// placements even it out.
+			name: "a long answer keeps its cached prefix over a somewhat lighter batch",
+			eps:  []ep{{info: withRunning(healthy(0), 30), blocks: promptBlocks, gpu: promptBlocks}, {info: withRunning(healthy(0), 10)}},
+			req:  Request{OutputTokens: 2000},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
 			// Its own latency alone would send it to the cold endpoint (its
 			// batch is smaller, so it decodes faster), but the cold prefill
 			// would stall the 15 requests there for longer than the warm

@@ -160,11 +160,22 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	case ModeDecode:
 		c.price, c.others = j.output*c.itl+c.ttft/j.output, decodeCost
 	default:
-		c.price, c.others = c.ttft+j.output*c.itl, prefillCost+decodeCost
+		// The decode load an endpoint shows now lasts only until the
+		// next placements even it out, so a long answer is priced for
+		// its first decodeHorizon tokens: priced whole, 1,500 tokens of
+		// a few milliseconds' ITL difference outweighed a cached prefix.
+		out := min(j.output, decodeHorizon)
+		c.price, c.others = c.ttft+out*c.itl, prefillCost+out*mdl.PerRunning()*share
 	}
 	c.others += recompute
 	c.price += cfg.OthersWeight*c.others + cfg.EvictionWeight*c.evict
 }
+
+// decodeHorizon is how many of a request's output tokens ModeAuto prices
+// the decoding of: about one chat answer (DefaultOutputTokens' default),
+// the time over which the running requests turn over and the decode
+// load the snapshot shows no longer holds.
+const decodeHorizon = 256
 
 // preempted estimates the tokens request j would push out of the blocks
 // held by the requests running on e: the KV cache the engine reported in
