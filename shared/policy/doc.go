@@ -26,9 +26,11 @@
 //	ITL  from the requests running, this one included, and the KV-cache usage.
 //
 // The price is TTFT + out·ITL in ModeAuto, out being the output tokens the
-// request asks for (Config.DefaultOutputTokens if it does not say): its
-// whole predicted latency, so the decode load counts as much as it will
-// take, and a pool's bottleneck, prefill or decode, weighs most on its own.
+// request asks for (Config.DefaultOutputTokens if it does not say) up to
+// 256: its predicted latency, so the decode load counts, and a pool's
+// bottleneck, prefill or decode, weighs most on its own; but a long
+// answer's decoding only as far as the load it sees now will last, until
+// the next placements even it out.
 // ModePrefill prices TTFT alone, ModeDecode out·ITL (TTFT breaking ties).
 // To that is added what the request's work costs the requests sharing the
 // endpoint (Config.OthersWeight): every step that prefills its uncached

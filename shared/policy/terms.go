@@ -66,7 +66,7 @@ type cand struct {
 // batch (the engine's count, or this gateway's if that is higher: the
 // snapshot may not have seen them yet) and in its queue. Then:
 //
-//	price = TTFT + out·ITL (auto) | TTFT (prefill) | out·ITL + TTFT/out (decode)
+//	price = TTFT + min(out, decodeHorizon)·ITL (auto) | TTFT (prefill) | out·ITL + TTFT/out (decode)
 //	        + OthersWeight · others + EvictionWeight · eviction
 //
 // others is what the request's own work costs the requests that share the
