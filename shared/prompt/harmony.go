@@ -2,9 +2,12 @@ package prompt
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/shared/jinja"
 )
@@ -82,24 +85,14 @@ func (r *Renderer) harmony(dst []byte) ([]byte, error) {
 
 	// Reasoning up to the last final answer is dropped, as vLLM's
 	// auto_drop_analysis_messages drops it.
-	lastFinal := -1
-	for i := range msgs {
-		if r.harmonyFinal(&msgs[i]) {
-			lastFinal = i
-		}
+	lastFinal, err := r.harmonyCalls(msgs)
+	if err != nil {
+		return dst, err
 	}
 	for i := range msgs {
 		m := &msgs[i]
-		calls := m.role == roleAssistant && m.calls.ok && r.s.b[m.calls.off] == '['
-		if calls {
-			n, err := r.countCalls(m)
-			if err != nil {
-				return dst, err
-			}
-			calls = n > 0
-		}
 		switch {
-		case m.role == roleAssistant && calls:
+		case m.role == roleAssistant && r.withCalls[i]:
 			start := len(dst)
 			dst = append(dst, "<|start|>assistant<|channel|>commentary<|message|>"...)
 			if text, ok := r.harmonyText(dst, m); ok && len(text) > len(dst) {
@@ -137,8 +130,10 @@ func (r *Renderer) harmony(dst []byte) ([]byte, error) {
 			}
 		case m.role == roleTool:
 			dst = append(dst, "<|start|>functions."...)
-			if dst, err = r.appendCallName(dst, msgs, m); err != nil {
-				return dst, err
+			if m.callID.ok {
+				if name, ok := r.callNames[r.idKey(m.callID)]; ok {
+					dst = r.s.appendStr(dst, name)
+				}
 			}
 			dst = append(dst, " to=assistant<|channel|>commentary<|message|>"...)
 			if text, ok := r.harmonyText(dst, m); ok {
@@ -149,7 +144,7 @@ func (r *Renderer) harmony(dst []byte) ([]byte, error) {
 			if i > lastFinal {
 				dst = r.harmonyAnalysis(dst, m)
 			}
-			if r.harmonyFinal(m) {
+			if r.harmonyFinal(m, i) {
 				dst = append(dst, "<|start|>assistant<|channel|>final<|message|>"...)
 				if dst, err = r.harmonyContents(dst, m); err != nil {
 					return dst, err
@@ -222,16 +217,12 @@ func (r *Renderer) harmonyContents(dst []byte, m *message) ([]byte, error) {
 	return dst, nil
 }
 
-// harmonyFinal reports whether m becomes a final answer: an assistant
-// message without tool calls whose content's first text is not empty.
-func (r *Renderer) harmonyFinal(m *message) bool {
-	if m.role != roleAssistant {
+// harmonyFinal reports whether msgs[i], m, becomes a final answer: an
+// assistant message without tool calls (an empty array of them counts as
+// none, any other value as some) whose content's first text is not empty.
+func (r *Renderer) harmonyFinal(m *message, i int) bool {
+	if m.role != roleAssistant || r.withCalls[i] || (m.calls.ok && r.s.b[m.calls.off] != '[') {
 		return false
-	}
-	if m.calls.ok {
-		if n, err := r.countCalls(m); err != nil || n > 0 {
-			return false
-		}
 	}
 	switch m.kind {
 	case contentString:
@@ -255,43 +246,61 @@ func (r *Renderer) harmonyAnalysis(dst []byte, m *message) []byte {
 	return append(r.s.appendStr(dst, m.reasoning), "<|end|>"...)
 }
 
-// appendCallName appends the function name of the tool call tool answers
-// (by tool_call_id, among every tool call of msgs; the last one with that
-// id), "" when none has it.
-func (r *Renderer) appendCallName(dst []byte, msgs []message, tool *message) ([]byte, error) {
-	var name str
+// harmonyCalls walks the tool calls of msgs once: r.withCalls says which
+// messages are assistant messages with some, r.callNames maps each call
+// id (by idKey) to its function name, the last call's with that id, as
+// vLLM looks up the function a tool result answers. It returns the index
+// of the last final answer, -1 for none.
+func (r *Renderer) harmonyCalls(msgs []message) (int, error) {
+	r.withCalls = slices.Grow(r.withCalls[:0], len(msgs))[:len(msgs)]
+	if r.callNames == nil {
+		r.callNames = make(map[uint64]str)
+	}
+	clear(r.callNames)
 	for i := range msgs {
 		m := &msgs[i]
+		r.withCalls[i] = false
 		if m.role != roleAssistant || !m.calls.ok || r.s.b[m.calls.off] != '[' {
 			continue
 		}
 		err := r.eachCall(m, func(_ int, c call) error {
-			if tool.callID.ok && c.id.ok && equalDecoded(&r.s, c.id, tool.callID) {
-				name = c.name
+			r.withCalls[i] = true
+			if c.id.ok {
+				r.callNames[r.idKey(c.id)] = c.name
 			}
 			return nil
 		})
 		if err != nil {
-			return dst, err
+			return -1, err
 		}
 	}
-	if name.ok {
-		dst = r.s.appendStr(dst, name)
+	last := -1
+	for i := range msgs {
+		if r.harmonyFinal(&msgs[i], i) {
+			last = i
+		}
 	}
-	return dst, nil
+	return last, nil
+}
+
+// idKey is a tool call id's key in r.callNames: XXH64 of its decoded text.
+func (r *Renderer) idKey(id str) uint64 {
+	r.tmp = r.s.appendStr(r.tmp[:0], id)
+	return xxhash.Sum64(r.tmp)
 }
 
 // harmonyTools returns the developer message's tools section ("" without
 // tools): each function's description as comments and its parameters'
 // JSON schema as a TypeScript type, as openai-harmony writes them.
 func (r *Renderer) harmonyTools() ([]byte, error) {
-	n, err := r.countTools()
-	if err != nil || n == 0 {
-		return nil, err
+	if !r.toolsSet() {
+		return nil, nil
 	}
 	var b []byte
-	b = append(b, "# Tools\n\n## functions\n\nnamespace functions {\n\n"...)
-	err = r.eachTool(func(_ int, tool raw) error {
+	err := r.eachTool(func(i int, tool raw) error {
+		if i == 0 {
+			b = append(b, "# Tools\n\n## functions\n\nnamespace functions {\n\n"...)
+		}
 		v, err := r.toolValue(tool)
 		if err != nil {
 			return err
@@ -325,7 +334,10 @@ func (r *Renderer) harmonyTools() ([]byte, error) {
 		b = append(b, ") => any;\n\n"...)
 		return nil
 	})
-	return append(b, "} // namespace functions"...), err
+	if err != nil || len(b) == 0 {
+		return nil, err
+	}
+	return append(b, "} // namespace functions"...), nil
 }
 
 // rustLines splits s as Rust's str::lines: at "\n" or "\r\n", no line

@@ -2,7 +2,9 @@ package prompt
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -75,5 +77,37 @@ func TestRustLines(t *testing.T) {
 		if got := rustLines(tc.in); !slices.Equal(got, tc.want) {
 			t.Errorf("rustLines(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// Each tool result is rendered from the function its tool_call_id names,
+// the last call with that id, in a conversation of thousands of calls: the
+// calls are walked once, not once per result.
+func TestHarmonyToolResultNames(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"messages":[{"role":"user","content":"go"}`)
+	const n = 5000
+	for i := range n {
+		id := strconv.Itoa(i % (n - 1)) // the last call reuses id 0
+		fmt.Fprintf(&b, `,{"role":"assistant","tool_calls":[{"id":%q,"type":"function","function":{"name":"f%d","arguments":"{}"}}]}`, id, i)
+		fmt.Fprintf(&b, `,{"role":"tool","tool_call_id":%q,"content":"r%d"}`, id, i)
+	}
+	b.WriteString(`,{"role":"tool","tool_call_id":"nobody","content":"orphan"}]}`)
+	p, err := Render(nil, []byte(b.String()), Harmony)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(p.Text)
+	for _, want := range []string{
+		"<|start|>functions.f1 to=assistant<|channel|>commentary<|message|>r1<|end|>",
+		"<|start|>functions.f4999 to=assistant<|channel|>commentary<|message|>r0<|end|>", // id 0's last call
+		"<|start|>functions. to=assistant<|channel|>commentary<|message|>orphan<|end|>",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("render lacks %q", want)
+		}
+	}
+	if strings.Contains(text, "functions.f0 to=assistant") {
+		t.Error("a result of id 0 was named after its first call, not its last")
 	}
 }

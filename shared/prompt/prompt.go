@@ -279,6 +279,11 @@ type Renderer struct {
 	prev                                             string // previous_response_id
 	reasoning                                        bool   // the conversion met reasoning it dropped
 	converted                                        bool   // the body last parsed was a Messages or Responses request
+
+	// harmony's scratch: which messages carry tool calls, and the
+	// function name of each call id (harmonyCalls).
+	withCalls []bool
+	callNames map[uint64]str
 }
 
 var pool = sync.Pool{New: func() any { return new(Renderer) }}

@@ -372,8 +372,8 @@ func (b *Builder) ClearEndpoint(slot int) {
 // SetPrefixes records how many distinct prompt prefixes the endpoint in slot
 // holds that gateways recently routed there, each weighed by its share of
 // their traffic: the traffic its cache draws, counted in prefixes rather
-// than blocks (see Endpoint.Prefixes). It
-// reports whether the count changed.
+// than blocks (see Endpoint.Prefixes). It reports whether the count
+// changed.
 func (b *Builder) SetPrefixes(slot, n int) bool {
 	if !b.live(slot) || b.eps[slot].prefixes == n {
 		return false

@@ -216,10 +216,10 @@ func (e Endpoint) IndexBlocks() int { return int(le.Uint32(e.r[48:])) }
 // Prefixes returns how many distinct prompt prefixes (a prompt's first
 // block) the index holds for the endpoint that gateways routed there
 // recently, each weighed by the endpoint's share of its traffic among the
-// endpoints holding it, the sum rounded. Where new prefixes go decides how evenly the pool's traffic
-// spreads for as long as they stay cached, and a block count is a poor
-// measure of that: one tenant's unique questions hold as many blocks as
-// another tenant's shared system prompt.
+// endpoints holding it, the sum rounded. Where new prefixes go decides how
+// evenly the pool's traffic spreads for as long as they stay cached, and a
+// block count is a poor measure of that: one tenant's unique questions
+// hold as many blocks as another tenant's shared system prompt.
 func (e Endpoint) Prefixes() int { return int(le.Uint32(e.r[92:])) }
 
 // IndexCapacity returns the text blocks the endpoint's cache holds as the

@@ -135,8 +135,12 @@ type Index struct {
 	eps       map[string]*endpoint
 	changed   bool
 	lastBuild time.Time
-	hashes    []uint64           // scratch for report hashes
-	rootRates map[uint64]float64 // scratch for countPrefixes: a prefix's traffic over its holders
+	hashes    []uint64 // scratch for report hashes
+	// Scratch for countPrefixes: a prefix's traffic over its holders, the
+	// held prefixes' rates, and each endpoint's share-weighted count.
+	rootRates map[uint64]float64
+	heldRoots []heldRoot
+	shares    map[*endpoint]float64
 
 	rmu      sync.Mutex // guards reports
 	reports  []report.Batch
@@ -227,6 +231,7 @@ func New(cfg Config) (*Index, error) {
 		approx:      approx.New(),
 		eps:         make(map[string]*endpoint),
 		rootRates:   make(map[uint64]float64),
+		shares:      make(map[*endpoint]float64),
 		changed:     true, // the first build publishes even an empty index
 		wake:        make(chan struct{}, 1),
 	}
@@ -664,33 +669,39 @@ func (x *Index) noteRoot(ep *endpoint, h uint64, now int64) {
 // held yet (its engine's event has not come) stays, to count once it is.
 // Older ones are forgotten. x.mu is held; it reports whether any changed.
 func (x *Index) countPrefixes(now int64) bool {
-	held := func(ep *endpoint, h uint64) bool {
-		return x.b.Holds(ep.slot, h, snapshot.TierGPU) || x.b.Holds(ep.slot, h, snapshot.TierCPU)
-	}
 	clear(x.rootRates)
+	clear(x.shares)
+	x.heldRoots = x.heldRoots[:0]
 	for _, ep := range x.eps {
 		for h, r := range ep.roots {
 			switch {
 			case r.last <= now-int64(PrefixWindow):
 				delete(ep.roots, h)
-			case held(ep, h):
-				x.rootRates[h] += r.at(now)
+			case x.b.Holds(ep.slot, h, snapshot.TierGPU) || x.b.Holds(ep.slot, h, snapshot.TierCPU):
+				rate := r.at(now)
+				x.rootRates[h] += rate
+				x.heldRoots = append(x.heldRoots, heldRoot{ep: ep, h: h, rate: rate})
 			}
 		}
 	}
+	for _, hr := range x.heldRoots {
+		x.shares[hr.ep] += hr.rate / x.rootRates[hr.h]
+	}
 	changed := false
 	for _, ep := range x.eps {
-		n := 0.0
-		for h, r := range ep.roots {
-			if held(ep, h) {
-				n += r.at(now) / x.rootRates[h]
-			}
-		}
-		if x.b.SetPrefixes(ep.slot, int(math.Round(n))) {
+		if x.b.SetPrefixes(ep.slot, int(math.Round(x.shares[ep]))) {
 			changed = true
 		}
 	}
 	return changed
+}
+
+// heldRoot is a prefix reported to ep that its index entries hold, with
+// its rate there.
+type heldRoot struct {
+	ep   *endpoint
+	h    uint64
+	rate float64
 }
 
 // expirePending removes the pending blocks of ep that no event confirmed
