@@ -278,3 +278,94 @@ func TestRealEngineRestart(t *testing.T) {
 		t.Errorf("a new tenant went to %s, not to the restarted server's empty cache %s", ep, victim)
 	}
 }
+
+// completion is one /v1/completions answer through the gateway: the
+// server's own count of the prompt tokens it served from its cache, and
+// the filter's decision.
+type completion struct {
+	cached, prompt int
+	decision       string
+}
+
+// complete asks for exactly maxTokens tokens (ignore_eos).
+func complete(g *gateway, prompt string, maxTokens int) (completion, error) {
+	body, _ := json.Marshal(map[string]any{"model": llamacpp.Model, "prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true})
+	resp, err := g.client.Post(g.url+"/v1/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		return completion{}, err
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Timings struct {
+			Cached int `json:"cache_n"`
+			Prompt int `json:"prompt_n"`
+		} `json:"timings"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != http.StatusOK {
+		return completion{}, fmt.Errorf("status %d: %v", resp.StatusCode, err)
+	}
+	return completion{r.Timings.Cached, r.Timings.Cached + r.Timings.Prompt, resp.Header.Get("x-kvroute-decision")}, nil
+}
+
+// TestRealEngineSlotNaming: one server of two slots holds two tenants'
+// prompts, one per slot. A tenant's second request while its first is
+// running would take the other slot (llama.cpp gives a request any idle
+// one) and evict the other tenant; named to its tenant's slot (id_slot,
+// from the prompts cachesync reads off /slots), it waits for it instead,
+// and both tenants' next requests are served from the cache.
+func TestRealEngineSlotNaming(t *testing.T) {
+	ss := startLlamaServers(t, 1, llamacpp.Config{Slots: 2, Context: 2048})
+	addrs := serverAddrs(ss)
+	cs := startDaemon(t, "127.0.0.1:0", addrs, false)
+	g := llamaGateway(t, addrs, cs.addr)
+	waitFor(t, 30*time.Second, "the server healthy", func() bool {
+		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_health{health="healthy"} 1`)
+	})
+	calibrated(t, cs, ss)
+
+	prompt := func(tenant, q int) string { return handbook(tenant) + "Question " + strconv.Itoa(q) + ": which depot?\n" }
+	for _, tenant := range []int{1, 2} {
+		if _, err := complete(g, prompt(tenant, 0), 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// cachesync reads the slots with its next scrape, and the gateway
+	// fetches them with its next sync.
+	time.Sleep(time.Second)
+
+	long := make(chan error, 1)
+	// 64 tokens at the 10 ms a token this server takes: the slot is busy
+	// for most of a second, and waiting for it costs less than the
+	// handbook's prefill (some 2 s on one thread).
+	go func() { _, err := complete(g, prompt(1, 1), 64); long <- err }()
+	time.Sleep(200 * time.Millisecond)
+	second, err := complete(g, prompt(1, 2), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-long; err != nil {
+		t.Fatal(err)
+	}
+	other, err := complete(g, prompt(2, 1), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("tenant 1's second request: %d of %d prompt tokens cached (%s)", second.cached, second.prompt, second.decision)
+	t.Logf("tenant 2's next request: %d of %d prompt tokens cached (%s)", other.cached, other.prompt, other.decision)
+	if !strings.Contains(second.decision, "engine_slot=") {
+		t.Errorf("tenant 1's second request named no slot: %s", second.decision)
+	}
+	// The handbook is some 90% of each prompt.
+	for name, c := range map[string]completion{"tenant 1's second request": second, "tenant 2's next request": other} {
+		if c.cached < c.prompt*3/4 {
+			t.Errorf("%s: %d of %d prompt tokens cached, want most of them", name, c.cached, c.prompt)
+		}
+	}
+	stats, err := g.envoy.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := stats["wasmcustom.kvroute.engine_slots.named"]; n < 1 {
+		t.Errorf("kvroute.engine_slots.named = %d, want the requests that named a slot", n)
+	}
+}

@@ -43,8 +43,9 @@ type pluginContext struct {
 	// held are the streams paused in their request headers, waiting for
 	// the body, by context id.
 	held map[uint32]*httpContext
-	// body and record are reused across this VM's requests.
+	// body, named and record are reused across this VM's requests.
 	body   []byte
+	named  []byte
 	record []byte
 }
 
@@ -131,6 +132,7 @@ type httpContext struct {
 	sheddable        bool
 	subset           []string // from a trusted subset header
 	session          uint64   // hash of the session header's value, 0 for none
+	contentLength    bool     // the request came with a content-length header
 	routedAt         time.Time
 	outcomePending   bool
 	api              prompt.API
@@ -173,6 +175,8 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 			if h.plugin.cfg.trustSubset {
 				h.subset = parseSubset(v)
 			}
+		case "content-length":
+			h.contentLength = true
 		}
 		if len(v) > 0 && h.plugin.cfg.sessionHeader != "" && string(k) == h.plugin.cfg.sessionHeader {
 			h.session = sessionHash(v)
@@ -264,11 +268,40 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 		if err := proxywasm.ReplaceHttpRequestHeader(destinationHeader, d.destination); err != nil {
 			proxywasm.LogError("kvroute: set " + destinationHeader + ": " + err.Error())
 		}
+		if d.named {
+			h.nameSlot(body, &d)
+		}
 		h.account(&d)
 		h.report(&d)
 	}
 	h.finish(d)
 	return types.ActionContinue
+}
+
+// nameSlot rewrites the body to name the engine slot d chose, with its
+// content-length; if Envoy refuses either, the request goes on as it came.
+func (h *httpContext) nameSlot(body []byte, d *decision) {
+	p := h.plugin
+	named, ok := withSlot(p.named[:0], body, d.slot)
+	if !ok {
+		d.named = false
+		return
+	}
+	p.named = named
+	if h.contentLength {
+		if err := proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(named))); err != nil {
+			proxywasm.LogError("kvroute: set content-length to name an engine slot: " + err.Error())
+			d.named = false
+			return
+		}
+	}
+	if err := proxywasm.ReplaceHttpRequestBody(named); err != nil {
+		proxywasm.LogError("kvroute: name an engine slot in the body: " + err.Error())
+		d.named = false
+		if h.contentLength {
+			proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(body)))
+		}
+	}
 }
 
 // answer ends the routing of a request with the filter's own JSON reply;

@@ -23,6 +23,9 @@ type stats struct {
 	refreshBytes proxywasm.MetricCounter
 	reported     proxywasm.MetricCounter
 	reportErrors proxywasm.MetricCounter
+	// slotsNamed counts the routed requests that named an engine slot
+	// (llama.cpp's id_slot) to wait for the prompt it holds.
+	slotsNamed proxywasm.MetricCounter
 }
 
 // The decision reasons: the policy's, then the rendezvous fallback and
@@ -49,6 +52,7 @@ func newStats() *stats {
 		refreshBytes: proxywasm.DefineCounterMetric("kvroute.sync.refresh_bytes"),
 		reported:     proxywasm.DefineCounterMetric("kvroute.reports.sent"),
 		reportErrors: proxywasm.DefineCounterMetric("kvroute.reports.errors"),
+		slotsNamed:   proxywasm.DefineCounterMetric("kvroute.engine_slots.named"),
 	}
 	for o := range m.outcomes {
 		m.outcomes[o] = proxywasm.DefineCounterMetric("kvroute.requests." + outcome(o).String())
@@ -71,5 +75,8 @@ func (m *stats) decided(d *decision) {
 	}
 	if d.reason != reasonRendezvous && d.reason != reasonResponse {
 		m.prefixBlocks.Record(uint64(d.policy.Blocks))
+	}
+	if d.named {
+		m.slotsNamed.Increment(1)
 	}
 }

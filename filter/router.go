@@ -102,6 +102,10 @@ type decision struct {
 	// destination is the destination header's value: endpoint, then the
 	// fallbacks configured, comma-separated.
 	destination string
+	// named: the request is to name slot, the endpoint's engine slot
+	// holding its prefix (policy.Picker.Slot), in its body.
+	named bool
+	slot  int
 }
 
 // routeOptions are what the request's headers and the snapshot's age
@@ -226,6 +230,9 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 		if d.policy.Endpoint >= 0 {
 			d.endpoint = m.Endpoint(d.policy.Endpoint).Addr()
 			d.reason = d.policy.Reason.String()
+			if slot := r.picker.Slot(view, &d.policy, &req); slot >= 0 {
+				d.named, d.slot = true, slot
+			}
 			if ru := d.policy.RunnerUp.Endpoint; ru >= 0 {
 				d.runner = m.Endpoint(ru).Addr()
 			}
@@ -432,6 +439,10 @@ func (d *decision) header() string {
 	}
 	b = append(b, "; uncached_tokens="...)
 	b = strconv.AppendInt(b, int64(d.policy.UncachedTokens), 10)
+	if d.named {
+		b = append(b, "; engine_slot="...)
+		b = strconv.AppendInt(b, int64(d.slot), 10)
+	}
 	b = append(b, "; template="...)
 	b = append(b, d.template.String()...)
 	return string(b)

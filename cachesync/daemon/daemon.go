@@ -124,6 +124,7 @@ type engine struct {
 	// decode holds the ITL samples of its last scrape intervals until
 	// they are known to be clean (itlClean).
 	decode []itlSample
+	slots  engineSlots
 }
 
 // itlSample is one scrape interval's mean inter-token latency and batch,
@@ -464,6 +465,7 @@ func (d *Daemon) update(e *engine) {
 	info.Template = e.template.renders
 	info.ShowsReports = !e.precise || d.cfg.PendingTTL > 0
 	info.Model = d.models.model(e.d.Addr, max(info.PrefillRate, 1))
+	info.Slots = e.slots.update(&e.last, d.cfg.Hash)
 	if e.d.Draining {
 		info.Health = snapshot.HealthDraining
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -138,7 +139,7 @@ func (p *pool) command() []string {
 	if len(p.real) == 0 {
 		return nil
 	}
-	return append([]string{"llama-server"}, p.real[0].Args()...)
+	return append(append(slices.Clone(llamacpp.Env), "llama-server"), p.real[0].Args()...)
 }
 
 func (p *pool) addrs() []string {

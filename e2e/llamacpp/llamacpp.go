@@ -122,6 +122,11 @@ func Start(ctx context.Context, in Install, cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// Env is what the servers run with in their environment: the prompt each
+// slot holds shown on /slots, which cachesync reads so that gateways can
+// name the slot holding a request's prefix.
+var Env = []string{"LLAMA_SERVER_SLOTS_DEBUG=1"}
+
 // Args returns the server's command line, for reports.
 func (s *Server) Args() []string {
 	c := s.cfg
@@ -141,6 +146,7 @@ func (s *Server) Args() []string {
 
 func (s *Server) start(ctx context.Context) error {
 	cmd := exec.Command(s.in.Server, s.Args()...)
+	cmd.Env = append(os.Environ(), Env...)
 	out := s.cfg.Log
 	if out == nil {
 		out = io.Discard

@@ -69,6 +69,9 @@ type EndpointInfo struct {
 	// Model is the endpoint's fitted latency model (shared/predict); its
 	// zero value, with no samples, means none.
 	Model predict.Model
+	// Slots are the engine's sequence slots and the prompts they hold, for
+	// an engine whose cache is a prompt per slot; nil for any other.
+	Slots []EngineSlot
 }
 
 func (e *EndpointInfo) validate() error {
@@ -105,7 +108,7 @@ func (e *EndpointInfo) validate() error {
 	if !(e.PrefillRate >= 0 && e.PrefillRate <= math.MaxFloat32) {
 		return errors.New("snapshot: endpoint " + e.Addr + ": prefill rate out of range")
 	}
-	return nil
+	return validateSlots(e.Addr, e.Slots)
 }
 
 // BuilderConfig sets the shape of the snapshots a Builder makes.
@@ -217,6 +220,10 @@ func (b *Builder) SetEndpoint(info EndpointInfo) (int, error) {
 	}
 	info.Models = slices.Clone(info.Models)
 	info.Adapters = slices.Clone(info.Adapters)
+	info.Slots = slices.Clone(info.Slots)
+	for i := range info.Slots {
+		info.Slots[i].Hashes = slices.Clone(info.Slots[i].Hashes)
+	}
 	if slot, ok := b.byAddr[info.Addr]; ok {
 		b.eps[slot].info = info
 		return slot, nil

@@ -27,7 +27,7 @@
 //
 //	off  size  field
 //	0    4     magic "KVRS"
-//	4    2     format version, 5
+//	4    2     format version, 7
 //	6    1     kind: 1 manifest, 2 shard, 3 delta, 4 templates
 //	7    1     reserved, 0
 //	8    8     generation at which the part was written
@@ -66,7 +66,7 @@
 //
 //	24   8     creation time, Unix nanoseconds
 //	32   1     shard bits S, 1 to 12
-//	33   3     reserved, 0
+//	33   3     engine slot row count R, 24-bit
 //	36   4     endpoint count E
 //	40   4     name count M
 //	44   4     name-id count I
@@ -80,6 +80,7 @@
 //	           uint8 kind (0 model, 1 LoRA adapter), reserved byte
 //	     2I    name ids (uint16); each endpoint's list is contiguous
 //	     T     strings: addresses and names
+//	     192R  engine slot rows, by endpoint slot and then engine slot id
 //
 // A reference is the part's generation (uint64), checksum (uint64), size
 // (uint32) and entry count (uint32). An endpoint row:
@@ -114,6 +115,21 @@
 //	92   4     distinct prompt prefixes (first blocks) the index holds for
 //	           the endpoint that gateways routed there recently
 //
+// An engine slot row, one for each sequence slot holding a prompt of an
+// engine whose cache is a prompt per slot (llama.cpp's), so that a gateway
+// can send a request to the slot holding its prefix:
+//
+//	0    2     endpoint slot
+//	2    2     the engine's slot id, below 256
+//	4    1     flags: bit 0, processing a request when read
+//	5    1     hashes kept K, 1 to 22
+//	6    2     reserved, 0
+//	8    4     tokens its request may still generate, when processing
+//	12   4     full blocks of the prompt it holds, at least the K-th depth
+//	16   176   the prompt's chained block hash at each of the depths 1, 2,
+//	           3, 4, 6, 8, 12, 16, 24, ... 1536, 2048 blocks (each about
+//	           1.5 times the one before) up to the K-th, the rest 0
+//
 // The templates body (the chat templates of models whose engines render
 // with a template kvroute has no name for, an endpoint's template byte
 // prompt.Custom; what gateways on chat_template auto render those models
@@ -135,7 +151,7 @@
 // A bundle, the body of the HTTP response a fetcher gets from cachesync:
 //
 //	0    4     magic "KVRB"
-//	4    2     format version, 5
+//	4    2     format version, 7
 //	6    2     reserved, 0
 //	8    8     generation
 //	16   8     since: the generation it brings a fetcher up from; 0 for full

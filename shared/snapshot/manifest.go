@@ -34,6 +34,7 @@ type Manifest struct {
 	names     []byte // nameSize per distinct name
 	ids       []byte // uint16 name ids, endpoints' lists back to back
 	strs      []byte
+	slots     []byte // slotRowSize per engine slot row
 }
 
 // ParseManifest checks b and returns the manifest it holds. The manifest
@@ -56,9 +57,7 @@ func (m *Manifest) parse(b []byte) error {
 	}
 	bits := b[32]
 	n, nm, nid, ns := le.Uint32(b[36:]), le.Uint32(b[40:]), le.Uint32(b[44:]), le.Uint32(b[48:])
-	if b[33]|b[34]|b[35] != 0 {
-		return corrupt("manifest: reserved bytes set")
-	}
+	nslots := uint64(b[33]) | uint64(b[34])<<8 | uint64(b[35])<<16
 	bpt := math.Float32frombits(le.Uint32(b[52:]))
 	if !(bpt >= 0 && bpt <= MaxBytesPerToken) {
 		return corrupt("manifest: bytes per token out of range")
@@ -67,7 +66,7 @@ func (m *Manifest) parse(b []byte) error {
 		return corrupt("manifest: bad shard bits or endpoint count")
 	}
 	shards := uint64(1) << bits
-	size := manifestFixed + refSize*shards + endpointSize*uint64(n) + nameSize*uint64(nm) + 2*uint64(nid) + uint64(ns) + trailerSize
+	size := manifestFixed + refSize*shards + endpointSize*uint64(n) + nameSize*uint64(nm) + 2*uint64(nid) + uint64(ns) + uint64(slotRowSize)*nslots + trailerSize
 	if size != uint64(len(b)) {
 		return corrupt("manifest: size does not match its counts")
 	}
@@ -77,7 +76,8 @@ func (m *Manifest) parse(b []byte) error {
 	m.shards, p = p[:refSize*shards], p[refSize*shards:]
 	m.eps, p = p[:endpointSize*n], p[endpointSize*n:]
 	m.names, p = p[:nameSize*nm], p[nameSize*nm:]
-	m.ids, m.strs = p[:2*nid], p[2*nid:]
+	m.ids, p = p[:2*nid], p[2*nid:]
+	m.strs, m.slots = p[:ns], p[ns:]
 	return m.check()
 }
 
@@ -110,7 +110,7 @@ func (m *Manifest) check() error {
 			return corrupt("manifest: bad endpoint " + strconv.Itoa(i))
 		}
 	}
-	return nil
+	return m.checkSlots()
 }
 
 // Generation returns the snapshot's generation.
@@ -357,10 +357,12 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 		strs = append(strs, k.s...)
 	}
 
+	slotRows, nslots := appendSlotRows(nil, eps)
+
 	start := len(dst)
 	dst = appendHeader(dst, KindManifest, gen)
 	dst = le.AppendUint64(dst, uint64(created.UnixNano()))
-	dst = append(dst, shardBits, 0, 0, 0)
+	dst = append(dst, shardBits, byte(nslots), byte(nslots>>8), byte(nslots>>16))
 	for _, v := range []int{len(eps), len(names), len(epIDs), len(strs)} {
 		dst = le.AppendUint32(dst, uint32(v))
 	}
@@ -420,6 +422,7 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 		dst = le.AppendUint16(dst, id)
 	}
 	dst = append(dst, strs...)
+	dst = append(dst, slotRows...)
 	return finishPart(dst, start)
 }
 

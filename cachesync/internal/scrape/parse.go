@@ -455,24 +455,29 @@ func parseModels(body []byte) (models, adapters []string, err error) {
 	return models, adapters, nil
 }
 
-// parseProps reads the KV cache's size in tokens from a llama-server's
-// /props: total_slots slots of default_generation_settings.n_ctx tokens
-// each. Each slot keeps the prompt it last served, and a new request
-// reuses the slot whose prompt shares the most with it.
-func parseProps(body []byte) (int, error) {
-	var props struct {
+// props is what a llama-server's /props tells: its KV cache in tokens
+// (its slots times the context each holds) and its BOS token's text.
+type props struct {
+	cacheTokens int
+	bos         string
+}
+
+// parseProps reads a llama-server's /props.
+func parseProps(body []byte) (props, error) {
+	var pr struct {
 		Slots    int `json:"total_slots"`
 		Settings struct {
 			Context int `json:"n_ctx"`
 		} `json:"default_generation_settings"`
+		BOS string `json:"bos_token"`
 	}
-	if err := json.Unmarshal(body, &props); err != nil {
-		return 0, fmt.Errorf("props: %w", err)
+	if err := json.Unmarshal(body, &pr); err != nil {
+		return props{}, fmt.Errorf("props: %w", err)
 	}
-	if props.Slots <= 0 || props.Settings.Context <= 0 || props.Slots > math.MaxInt32/props.Settings.Context {
-		return 0, fmt.Errorf("props: %d slots of %d tokens is not a cache size", props.Slots, props.Settings.Context)
+	if pr.Slots <= 0 || pr.Settings.Context <= 0 || pr.Slots > math.MaxInt32/pr.Settings.Context {
+		return props{}, fmt.Errorf("props: %d slots of %d tokens is not a cache size", pr.Slots, pr.Settings.Context)
 	}
-	return props.Slots * props.Settings.Context, nil
+	return props{cacheTokens: pr.Slots * pr.Settings.Context, bos: pr.BOS}, nil
 }
 
 // excerpt returns the start of an error answer's body, on one line.

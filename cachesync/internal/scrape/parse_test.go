@@ -1,6 +1,8 @@
 package scrape
 
 import (
+	"errors"
+	"math"
 	"os"
 	"reflect"
 	"strings"
@@ -199,9 +201,9 @@ func TestParseProps(t *testing.T) {
 		{`<html>`, 0, true},
 	}
 	for _, tt := range tests {
-		tokens, err := parseProps([]byte(tt.body))
-		if (err != nil) != tt.wantErr || tokens != tt.tokens {
-			t.Errorf("parseProps(%.60q) = %d, %v; want %d", tt.body, tokens, err, tt.tokens)
+		pr, err := parseProps([]byte(tt.body))
+		if (err != nil) != tt.wantErr || pr.cacheTokens != tt.tokens {
+			t.Errorf("parseProps(%.60q) = %d, %v; want %d", tt.body, pr.cacheTokens, err, tt.tokens)
 		}
 	}
 }
@@ -295,5 +297,31 @@ func TestParseModels(t *testing.T) {
 	b.WriteString(`]}`)
 	if models, _, err := parseModels([]byte(b.String())); err != nil || len(models) != maxModelNames {
 		t.Errorf("300 models: kept %d (%v), want %d", len(models), err, maxModelNames)
+	}
+}
+
+func TestParseSlots(t *testing.T) {
+	tests := []struct {
+		name, body string
+		want       []Slot
+		err        error
+	}{
+		{"a fresh server", `[{"id":0,"n_ctx":2048,"is_processing":false},{"id":1,"n_ctx":2048,"is_processing":false}]`, []Slot{{ID: 0}, {ID: 1}}, nil},
+		{"no limit on a busy slot's answer", `[{"id":0,"id_task":7,"is_processing":true,"prompt":"<bos>hi","next_token":[{"n_remain":-1}]}]`,
+			[]Slot{{ID: 0, Busy: true, Remaining: math.MaxUint32, Prompt: "hi"}}, nil},
+		{"prompts not shown", `[{"id":0,"id_task":7,"is_processing":false,"next_token":[{"n_remain":-1}]}]`, nil, errNoSlotPrompts},
+		{"a slot without an id", `[{"is_processing":false}]`, nil, nil},
+		{"not a list", `{"error":"nope"}`, nil, nil},
+	}
+	for _, tt := range tests {
+		got, err := parseSlots([]byte(tt.body), "<bos>")
+		switch {
+		case tt.want == nil && tt.err == nil:
+			if err == nil {
+				t.Errorf("%s: no error", tt.name)
+			}
+		case !errors.Is(err, tt.err) || !reflect.DeepEqual(got, tt.want):
+			t.Errorf("%s: parseSlots = %+v, %v; want %+v, %v", tt.name, got, err, tt.want, tt.err)
+		}
 	}
 }

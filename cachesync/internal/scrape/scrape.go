@@ -105,6 +105,9 @@ type State struct {
 	Err string
 	// Scraped is when the last successful scrape ended.
 	Scraped time.Time
+	// Slots are a llama.cpp engine's sequence slots, nil for any other
+	// engine or when its /slots cannot be read.
+	Slots []Slot
 }
 
 // EndpointInfo maps s onto the snapshot's endpoint row. PrefillTokens is
@@ -129,7 +132,7 @@ func (s *State) shows(o *State) bool {
 	return s.Health == o.Health && s.Kind == o.Kind && slices.Equal(s.Models, o.Models) &&
 		slices.Equal(s.Adapters, o.Adapters) && s.Running == o.Running && s.Waiting == o.Waiting &&
 		s.KVCacheUsage == o.KVCacheUsage && s.BlockSize == o.BlockSize && s.NumBlocks == o.NumBlocks &&
-		s.KVCapacity == o.KVCapacity && s.Rate == o.Rate && s.Served == o.Served
+		s.KVCapacity == o.KVCapacity && s.Rate == o.Rate && s.Served == o.Served && slices.Equal(s.Slots, o.Slots)
 }
 
 // Stats are the scraper's running totals and current counts, for export
@@ -289,9 +292,11 @@ type poller struct {
 	est           *calibrate.Estimator
 	modelsAt      time.Time
 	modelsFailing bool
-	// cacheTokens is a llama.cpp engine's KV cache in tokens, from its
-	// /props, read with its models: its metrics do not say.
-	cacheTokens int
+	// props is a llama.cpp engine's /props, read with its models: its
+	// metrics do not give its cache size.
+	props props
+	// slotsFailing: the last /slots read failed (logged once).
+	slotsFailing bool
 
 	state State // guarded by s.mu
 }
@@ -333,8 +338,13 @@ func (p *poller) scrape(ctx context.Context) {
 	if err == nil && (st.Models == nil || st.Health != snapshot.HealthHealthy || at.Sub(p.modelsAt) >= s.cfg.ModelsInterval) {
 		models, adapters, modelsErr = p.fetchModels(ctx)
 		if modelsErr == nil && m.Kind == KindLlamaCpp {
-			p.cacheTokens, modelsErr = p.fetchProps(ctx)
+			p.props, modelsErr = p.fetchProps(ctx)
 		}
+	}
+	var slots []Slot
+	var slotsErr error
+	if err == nil && m.Kind == KindLlamaCpp {
+		slots, slotsErr = p.fetchSlots(ctx)
 	}
 	<-s.sem
 	if ctx.Err() != nil {
@@ -371,7 +381,17 @@ func (p *poller) scrape(ctx context.Context) {
 	st.Running, st.Waiting, st.KVCacheUsage = m.Running, m.Waiting, m.KVCacheUsage
 	st.BlockSize, st.NumBlocks, st.KVCapacity = m.BlockSize, m.NumBlocks, m.KVCapacity
 	if m.Kind == KindLlamaCpp {
-		st.KVCapacity = p.cacheTokens
+		st.KVCapacity = p.props.cacheTokens
+		switch {
+		case slotsErr != nil && !p.slotsFailing:
+			// Started with --no-slots or without the prompts shown, say:
+			// its requests are routed without naming a slot.
+			p.log.Info("reading the prompts of the engine's slots failed; routing to it without naming them", "err", slotsErr)
+		case slotsErr == nil && p.slotsFailing:
+			p.log.Info("read /slots again")
+		}
+		p.slotsFailing = slotsErr != nil
+		st.Slots = slots
 	}
 	st.Rate = p.est.Rate()
 	st.Served = m.Requests
@@ -457,10 +477,10 @@ func (p *poller) fetchMetrics(ctx context.Context) (Metrics, error) {
 
 // fetchProps reads a llama-server's /props: its slots, and the context
 // each slot holds, which together are its KV cache in tokens.
-func (p *poller) fetchProps(ctx context.Context) (int, error) {
+func (p *poller) fetchProps(ctx context.Context) (props, error) {
 	body, err := p.get(ctx, "/props", "application/json")
 	if err != nil {
-		return 0, err
+		return props{}, err
 	}
 	return parseProps(body)
 }

@@ -334,11 +334,16 @@ func (b *countedBody) Close() error {
 
 // TestLlamaCppEngine scrapes a fake llama-server serving the pages a real
 // one served: its kind from the metric names, its KV cache from /props
-// (two slots of 4,096 tokens), and what it says when it was started
-// without --metrics.
+// (two slots of 4,096 tokens), the prompt in each slot from /slots (with
+// LLAMA_SERVER_SLOTS_DEBUG=1, one slot busy), and what it says when it was
+// started without --metrics.
 func TestLlamaCppEngine(t *testing.T) {
 	page := llamaCppPage(t)
 	props, err := os.ReadFile("testdata/llamacpp-props.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := os.ReadFile("testdata/llamacpp-slots.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,6 +360,8 @@ func TestLlamaCppEngine(t *testing.T) {
 			w.Write(page)
 		case "/props":
 			w.Write(props)
+		case "/slots":
+			w.Write(slots)
 		case "/v1/models":
 			fmt.Fprint(w, `{"models":[{"name":"gemma-3-270m"}],"object":"list","data":[{"id":"gemma-3-270m","object":"model","owned_by":"llamacpp"}]}`)
 		default:
@@ -372,6 +379,13 @@ func TestLlamaCppEngine(t *testing.T) {
 	}
 	if st.Prefilled != 1959 {
 		t.Errorf("prefilled %v tokens, want 1,959 (prompt_tokens_total leaves the cached ones out)", st.Prefilled)
+	}
+	want := []Slot{
+		{ID: 0, Busy: true, Remaining: 123, Prompt: "Write a long story about a cat."},
+		{ID: 1, Prompt: "You are a helpful assistant. Answer briefly.\n\n  Question: what is 2+2? café ✓ <start_of_turn>user\nhi<end_of_turn>\n\t end"},
+	}
+	if !reflect.DeepEqual(st.Slots, want) {
+		t.Errorf("slots %+v, want %+v (the prompts as sent, without the BOS)", st.Slots, want)
 	}
 
 	metricsOff.Store(true)
