@@ -48,16 +48,16 @@ func serverAddrs(ss []*llamacpp.Server) []string {
 	return out
 }
 
-// llamaPool starts two servers of two 2,048-token slots, cachesync and a
-// gateway in front of them, and waits until cachesync has calibrated both.
-func llamaPool(t *testing.T) ([]*llamacpp.Server, *runningDaemon, *gateway) {
+// llamaPool starts n servers of two 2,048-token slots, cachesync and a
+// gateway in front of them, and waits until cachesync has calibrated them.
+func llamaPool(t *testing.T, n int) ([]*llamacpp.Server, *runningDaemon, *gateway) {
 	t.Helper()
-	ss := startLlamaServers(t, 2, llamacpp.Config{Slots: 2, Context: 2048})
+	ss := startLlamaServers(t, n, llamacpp.Config{Slots: 2, Context: 2048})
 	addrs := serverAddrs(ss)
 	cs := startDaemon(t, "127.0.0.1:0", addrs, false)
 	g := llamaGateway(t, addrs, cs.addr)
-	waitFor(t, 30*time.Second, "both servers healthy", func() bool {
-		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_health{health="healthy"} 2`)
+	waitFor(t, 30*time.Second, "the servers healthy", func() bool {
+		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_health{health="healthy"} `+strconv.Itoa(n))
 	})
 	calibrated(t, cs, ss)
 	return ss, cs, g
@@ -166,7 +166,7 @@ func readCounters(t *testing.T, ss []*llamacpp.Server) []llamacpp.Counters {
 // (each server's slots hold exactly two prompts), and the servers' own
 // counters show the prompts served from their caches.
 func TestRealEngineAffinity(t *testing.T) {
-	ss, cs, g := llamaPool(t)
+	ss, cs, g := llamaPool(t, 2)
 	addrs := serverAddrs(ss)
 
 	type req struct{ tenant, question int }
@@ -227,7 +227,7 @@ func TestRealEngineAffinity(t *testing.T) {
 // restart with an empty cache is forgotten by the index and takes new
 // tenants again.
 func TestRealEngineRestart(t *testing.T) {
-	ss, cs, g := llamaPool(t)
+	ss, cs, g := llamaPool(t, 2)
 	ask := func(tenant, q int) string {
 		t.Helper()
 		code, d := post(t, g.client, g.url, llamaChat(handbook(tenant), "Question "+strconv.Itoa(q)+": which depot?"))
@@ -314,16 +314,10 @@ func complete(g *gateway, prompt string, maxTokens int) (completion, error) {
 // from the prompts cachesync reads off /slots), it waits for it instead,
 // and both tenants' next requests are served from the cache.
 func TestRealEngineSlotNaming(t *testing.T) {
-	ss := startLlamaServers(t, 1, llamacpp.Config{Slots: 2, Context: 2048})
-	addrs := serverAddrs(ss)
-	cs := startDaemon(t, "127.0.0.1:0", addrs, false)
-	g := llamaGateway(t, addrs, cs.addr)
-	waitFor(t, 30*time.Second, "the server healthy", func() bool {
-		return strings.Contains(cs.get(t, "/metrics"), `kvroute_cachesync_engines_by_health{health="healthy"} 1`)
-	})
-	calibrated(t, cs, ss)
-
-	prompt := func(tenant, q int) string { return handbook(tenant) + "Question " + strconv.Itoa(q) + ": which depot?\n" }
+	_, _, g := llamaPool(t, 1)
+	prompt := func(tenant, q int) string {
+		return handbook(tenant) + "Question " + strconv.Itoa(q) + ": which depot?\n"
+	}
 	for _, tenant := range []int{1, 2} {
 		if _, err := complete(g, prompt(tenant, 0), 4); err != nil {
 			t.Fatal(err)

@@ -312,6 +312,17 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		}
 	}
 	d.Lookups = v.Prefix(r.Hashes, p.match[:n])
+	if m.HasSlots() {
+		// An engine of a prompt per slot holds what its slots hold: the
+		// index shows what reports sent there, evicted or not.
+		for i := range p.match[:n] {
+			if _, ok := m.SlotHolding(i, r.Hashes); !ok {
+				if _, total := m.SlotsHeld(i); total > 0 {
+					p.match[i] = snapshot.Match{}
+				}
+			}
+		}
+	}
 	for i := range p.match[:n] {
 		d.Deepest = max(d.Deepest, int(p.match[i].Blocks))
 	}
@@ -353,6 +364,7 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 			if i == topAt {
 				held = second
 			}
+			c.slotsHeld, c.slots = m.SlotsHeld(i)
 			p.price(c, m.Endpoint(i), match[i], held, localOf(r, i), r.Stale, &job)
 		}
 	}

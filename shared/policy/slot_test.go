@@ -44,3 +44,65 @@ func TestSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotsFull: a cold prompt on an engine whose every slot holds a
+// prompt evicts a whole one, however little of the slots' tokens the
+// prompts fill; with a slot free it evicts nothing. So a request leaves
+// its queued holder for such an engine only when a slot is free.
+func TestSlotsFull(t *testing.T) {
+	_, hashes := fixture(t, []ep{cold(0)})
+	prompts := func(n int) []snapshot.EngineSlot {
+		var s []snapshot.EngineSlot
+		for i := range 2 {
+			s = append(s, snapshot.EngineSlot{ID: i})
+			if i < n {
+				s[i].Hashes = []uint64{uint64(i) + 1, uint64(i) + 2}
+			}
+		}
+		return s
+	}
+	for _, c := range []struct {
+		name string
+		held int
+		want int
+	}{
+		{"both slots hold prompts: the holder's queue is cheaper", 2, 0},
+		{"a slot free: the copy is", 1, 1},
+	} {
+		holder := warm(24000, 1024) // a second and a half of prefill queued
+		spare := cold(0)
+		spare.info = withCapacity(spare.info, 100000)
+		spare.other = 64
+		spare.info.Slots = prompts(c.held)
+		v, _ := fixture(t, []ep{holder, spare})
+		p := picker(t, nil)
+		d := p.Pick(v, &Request{Hashes: hashes, Model: model})
+		if d.Endpoint != c.want {
+			t.Errorf("%s: picked %d (%+v), want %d", c.name, d.Endpoint, d.Chosen, c.want)
+		}
+	}
+}
+
+// TestSlotsAreTheTruth: the index holds what reports sent to an endpoint;
+// an engine of a prompt per slot holds only what its slots do, so a
+// prompt evicted from every slot counts as cold there.
+func TestSlotsAreTheTruth(t *testing.T) {
+	_, hashes := fixture(t, []ep{cold(0)})
+	for _, c := range []struct {
+		name   string
+		slots  []snapshot.EngineSlot
+		blocks int
+	}{
+		{"a slot holds it", []snapshot.EngineSlot{{ID: 0, Hashes: hashes[:1024]}, {ID: 1}}, 1024},
+		{"evicted from every slot", []snapshot.EngineSlot{{ID: 0, Hashes: []uint64{1, 2}}, {ID: 1}}, 0},
+		{"no slots listed", nil, 1024},
+	} {
+		e := warm(0, 1024)
+		e.info.Slots = c.slots
+		v, _ := fixture(t, []ep{e})
+		d := picker(t, nil).Pick(v, &Request{Hashes: hashes, Model: model})
+		if d.Blocks != c.blocks {
+			t.Errorf("%s: %d blocks held, want %d (%s)", c.name, d.Blocks, c.blocks, d.Reason)
+		}
+	}
+}

@@ -54,6 +54,10 @@ type cand struct {
 	capacity float64 // its cache's blocks
 	prefixes int     // the prefixes its cache draws traffic with, pending ones included
 	roomy    bool    // passed placeNew's test (all eligible do, unless the prompt is new to the pool)
+	// slots and slotsHeld: an engine whose cache is a prompt per slot
+	// (snapshot.EngineSlot), how many it has and how many hold a prompt;
+	// slots 0 for any other.
+	slots, slotsHeld int
 }
 
 // price fills in c for endpoint e, whose prefix match is mt and on which
@@ -79,7 +83,9 @@ type cand struct {
 // out: their prefill time times how full the endpoint's cache is, and all
 // of it once the cache would overflow; blocks another endpoint already
 // holds count in full, empty cache or not, so a prefix is copied only when
-// the queue at its holder costs more than a cold prefill plus the room.
+// the queue at its holder costs more than a cold prefill plus the room. A
+// cache of a prompt per slot (llama.cpp's) is full when every slot holds a
+// prompt, however few of its tokens they fill.
 //
 // others also counts the recompute of what the engine preempts when the
 // request's blocks do not fit beside the running requests' (preempted).
@@ -149,8 +155,17 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 		copied := min(added, float64(max(pool-mt.Blocks, 0)))
 		// Each new block evicts with the odds of a full cache, and surely
 		// once the cache overflows; never more than the blocks it adds.
+		full := min(held/capacity, 1)
+		if c.slots > 0 {
+			// A cache of a prompt per slot is full when every slot holds
+			// one, however short: a new prompt then takes a whole slot.
+			full = 0
+			if c.slotsHeld+local.PendingPrefixes >= c.slots {
+				full = 1
+			}
+		}
 		fresh := added - copied
-		evicted := copied + min(fresh, max(fresh*min(held/capacity, 1), held+added-capacity-copied))
+		evicted := copied + min(fresh, max(fresh*full, held+added-capacity-copied))
 		c.evict = evicted * j.blockTokens / rate
 	}
 

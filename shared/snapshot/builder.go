@@ -220,7 +220,9 @@ func (b *Builder) SetEndpoint(info EndpointInfo) (int, error) {
 	}
 	info.Models = slices.Clone(info.Models)
 	info.Adapters = slices.Clone(info.Adapters)
+	// Sorted once here rather than at every Build: rows go out by slot id.
 	info.Slots = slices.Clone(info.Slots)
+	slices.SortFunc(info.Slots, func(a, b EngineSlot) int { return a.ID - b.ID })
 	for i := range info.Slots {
 		info.Slots[i].Hashes = slices.Clone(info.Slots[i].Hashes)
 	}

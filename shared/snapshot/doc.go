@@ -115,14 +115,14 @@
 //	92   4     distinct prompt prefixes (first blocks) the index holds for
 //	           the endpoint that gateways routed there recently
 //
-// An engine slot row, one for each sequence slot holding a prompt of an
-// engine whose cache is a prompt per slot (llama.cpp's), so that a gateway
-// can send a request to the slot holding its prefix:
+// An engine slot row, one for each sequence slot of an engine whose cache
+// is a prompt per slot (llama.cpp's), so that a gateway can send a request
+// to the slot holding its prefix, and knows when every slot holds one:
 //
 //	0    2     endpoint slot
 //	2    2     the engine's slot id, below 256
 //	4    1     flags: bit 0, processing a request when read
-//	5    1     hashes kept K, 1 to 22
+//	5    1     hashes kept K, 0 (no full block) to 22
 //	6    2     reserved, 0
 //	8    4     tokens its request may still generate, when processing
 //	12   4     full blocks of the prompt it holds, at least the K-th depth

@@ -3,7 +3,6 @@ package snapshot
 import (
 	"errors"
 	"math"
-	"slices"
 	"strconv"
 )
 
@@ -58,9 +57,9 @@ func validateSlots(addr string, slots []EngineSlot) error {
 	return nil
 }
 
-// appendSlotRows appends the rows of every endpoint's slots that hold a
-// prompt of at least one block, by endpoint and then slot id; it returns
-// how many it appended.
+// appendSlotRows appends the rows of every endpoint's slots, by endpoint
+// and then slot id; it returns how many it appended. A slot holding no
+// full block keeps no hash: it counts among the endpoint's slots, as room.
 func appendSlotRows(dst []byte, eps []epState) ([]byte, int) {
 	n := 0
 	for i := range eps {
@@ -68,12 +67,7 @@ func appendSlotRows(dst []byte, eps []epState) ([]byte, int) {
 		if e.vacant || len(e.info.Slots) == 0 {
 			continue
 		}
-		slots := slices.Clone(e.info.Slots)
-		slices.SortFunc(slots, func(a, b EngineSlot) int { return a.ID - b.ID })
-		for _, s := range slots {
-			if len(s.Hashes) == 0 {
-				continue
-			}
+		for _, s := range e.info.Slots { // sorted by SetEndpoint
 			var r [slotRowSize]byte
 			le.PutUint16(r[0:], uint16(i))
 			le.PutUint16(r[2:], uint16(s.ID))
@@ -96,9 +90,9 @@ func appendSlotRows(dst []byte, eps []epState) ([]byte, int) {
 }
 
 // checkSlots checks the engine slot rows: each names a listed endpoint,
-// rows rise strictly by endpoint and slot id, and each keeps between one
-// and len(slotDepths) hashes, no more than its prompt's blocks allow, with
-// the unkept ones zero.
+// rows rise strictly by endpoint and slot id, and each keeps at most
+// len(slotDepths) hashes, no more than its prompt's blocks allow, with the
+// unkept ones zero.
 func (m *Manifest) checkSlots() error {
 	prev := -1
 	for k := 0; k < len(m.slots)/slotRowSize; k++ {
@@ -109,7 +103,7 @@ func (m *Manifest) checkSlots() error {
 			return corrupt("manifest: slot row " + strconv.Itoa(k) + " out of order or for no endpoint")
 		}
 		prev = ep<<16 | id
-		if r[4] > 1 || r[6]|r[7] != 0 || kept < 1 || kept > len(slotDepths) || uint64(slotDepths[kept-1]) > blocks {
+		if r[4] > 1 || r[6]|r[7] != 0 || kept > len(slotDepths) || (kept > 0 && uint64(slotDepths[kept-1]) > blocks) {
 			return corrupt("manifest: slot row " + strconv.Itoa(k) + " has bad flags or depths")
 		}
 		for d := kept; d < len(slotDepths); d++ {
@@ -172,3 +166,24 @@ func (m *Manifest) firstSlotRow(i, rows int) int {
 	}
 	return lo
 }
+
+// SlotsHeld returns how many engine slots endpoint i lists and how many of
+// them hold a prompt of a block or more; 0, 0 for an endpoint whose cache
+// is not a prompt per slot.
+func (m *Manifest) SlotsHeld(i int) (held, total int) {
+	rows := len(m.slots) / slotRowSize
+	for k := m.firstSlotRow(i, rows); k < rows; k++ {
+		r := m.slots[slotRowSize*k:]
+		if int(le.Uint16(r)) != i {
+			break
+		}
+		total++
+		if r[5] > 0 {
+			held++
+		}
+	}
+	return held, total
+}
+
+// HasSlots reports whether any endpoint lists engine slots.
+func (m *Manifest) HasSlots() bool { return len(m.slots) > 0 }

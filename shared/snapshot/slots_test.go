@@ -60,6 +60,11 @@ func TestSlotHolding(t *testing.T) {
 			t.Errorf("%s: SlotHolding = %+v, %v; want %+v, %v", c.name, got, ok, c.want, c.ok)
 		}
 	}
+	for i, want := range [][2]int{{2, 2}, {0, 0}, {2, 3}} {
+		if held, total := m.SlotsHeld(i); held != want[0] || total != want[1] {
+			t.Errorf("endpoint %d: SlotsHeld = %d of %d, want %d of %d", i, held, total, want[0], want[1])
+		}
+	}
 	if allocs := testing.AllocsPerRun(100, func() { m.SlotHolding(0, groupA) }); allocs != 0 {
 		t.Errorf("SlotHolding allocates %v times", allocs)
 	}
@@ -101,7 +106,7 @@ func TestCorruptSlotRows(t *testing.T) {
 		"a row for a vacant or absent endpoint": func(b []byte) { le.PutUint16(b[row(0, 0):], 7) },
 		"rows out of order":                     func(b []byte) { le.PutUint16(b[row(1, 2):], 0) },
 		"an unknown flag":                       func(b []byte) { b[row(0, 4)] = 2 },
-		"no hash kept":                          func(b []byte) { b[row(1, 5)] = 0 },
+		"hashes kept, but counted as none":      func(b []byte) { b[row(1, 5)] = 0 },
 		"more depths than blocks":               func(b []byte) { b[row(1, 5)] = 4 },
 		"a hash it does not keep":               func(b []byte) { le.PutUint64(b[row(1, 16+8*3):], 1) },
 		"reserved bytes":                        func(b []byte) { b[row(0, 6)] = 1 },
