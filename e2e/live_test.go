@@ -432,7 +432,7 @@ func TestPlacementSeenAcrossVMsBeforeTheSnapshot(t *testing.T) {
 	h := newHost(t, wasmhost.Fixed)
 	eps := engines(threeEndpoints...)
 	for i := range eps {
-		eps[i].IndexCapacity = 100_000
+		eps[i].IndexCapacity = 1_000
 	}
 	f := newFakeCachesync(t, eps...)
 	cfg := liveConfig(t, nil)
@@ -445,8 +445,14 @@ func TestPlacementSeenAcrossVMsBeforeTheSnapshot(t *testing.T) {
 		t.Fatalf("first request: %q, want a least-load placement", d)
 	}
 	s := send(t, vm2, postHeaders("/v1/chat/completions"), chatBody(t, "qwen", system, "question two"), 1<<20)
-	if d := decisionOf(t, s); !strings.Contains(d, "endpoint="+home) || !strings.Contains(d, "reason=affinity") {
+	d := decisionOf(t, s)
+	if !strings.Contains(d, "endpoint="+home) || !strings.Contains(d, "reason=affinity") {
 		t.Errorf("second request on another VM: %q, want affinity to %s", d, home)
+	}
+	// The header shows what placement weighs: the prefix placed there,
+	// and the cache's fill with its pending blocks (375 of 1,000).
+	if got, want := field(d, "prefixes")+" "+field(d, "fill_pct"), "1 38"; got != want {
+		t.Errorf("second request's prefixes and fill_pct %q, want %q (%s)", got, want, d)
 	}
 	s.Close()
 	first.Close()

@@ -251,6 +251,12 @@ type Terms struct {
 	Others         time.Duration // delay its work would add to the requests sharing the endpoint
 	Eviction       time.Duration // price of the cached blocks it would evict
 	Price          time.Duration // what the choice minimised
+	// Prefixes and FillPercent are what placement of a prompt new to the
+	// pool weighs after the price: the prefixes the endpoint draws traffic
+	// with (placements since the snapshot included) and its cache's fill
+	// (pending prefills included), -1 when its capacity is unknown.
+	Prefixes    int
+	FillPercent int
 }
 
 // Decision is the choice and why, for debug headers and metrics.

@@ -221,7 +221,15 @@ func (c *cand) terms(slot int) Terms {
 		Endpoint: slot, CachedTokens: int(c.cached), UncachedTokens: int(c.uncached + 0.5),
 		Backlog: int(c.f.Backlog), Running: int(c.f.Running), Waiting: int(c.f.Waiting), Wait: seconds(c.f.Wait),
 		TTFT: seconds(c.ttft), ITL: seconds(c.itl), Others: seconds(c.others), Eviction: seconds(c.evict), Price: seconds(c.price),
+		Prefixes: c.prefixes, FillPercent: fillPercent(c.fill),
 	}
+}
+
+func fillPercent(fill float64) int {
+	if fill < 0 {
+		return -1
+	}
+	return int(fill*100 + 0.5)
 }
 
 func seconds(s float64) time.Duration { return time.Duration(min(s, 1e9) * float64(time.Second)) }
