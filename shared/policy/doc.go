@@ -65,7 +65,12 @@
 //
 // With an SLO (Config.SLOTTFT, Config.SLOTPOT, or per request) the choice
 // is the best-cached endpoint predicted to meet it, the cheapest of those;
-// if none is, the cheapest (Decision.MeetsSLO false, for shedding).
+// if none is, the cheapest (Decision.MeetsSLO false, for shedding). A TPOT
+// SLO is met where the batch the request joins is predicted within it, its
+// prefill there included: every request decoding there waits it out. An
+// endpoint holding less of the prompt than the best-cached must meet the
+// SLOs with a tenth to spare, the model's usual error, or predictions a
+// hair either side of an SLO would trade a holder for a dear copy.
 // Prices within Config.TieTolerance tie, and ties are broken at random so
 // that gateways sharing a snapshot spread simultaneous requests.
 //

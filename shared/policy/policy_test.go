@@ -323,6 +323,28 @@ func TestPick(t *testing.T) {
 			want: []int{0}, reason: ReasonSaturatedRelease,
 		},
 		{
+			// 60.3 ms at the holder; 44.7 ms at the other, whose batch
+			// its 2 s prefill would slow by 7.8 ms a token.
+			name: "TPOT SLO: not met where the request's prefill pushes the batch over it",
+			cfg:  func(c *Config) { c.SLOTPOT = 50 * time.Millisecond },
+			eps:  []ep{{info: withRunning(healthy(0), 160), blocks: promptBlocks, gpu: promptBlocks}, {info: withRunning(healthy(0), 110)}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			// 41.6 + 7.8 ms: within 50, but not by the 10% a copy must
+			// spare.
+			name: "TPOT SLO: a copy must meet it with room to spare",
+			cfg:  func(c *Config) { c.SLOTPOT = 50 * time.Millisecond },
+			eps:  []ep{{info: withRunning(healthy(0), 160), blocks: promptBlocks, gpu: promptBlocks}, {info: withRunning(healthy(0), 100)}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			name: "TPOT SLO: met by a batch with room for the prefill",
+			cfg:  func(c *Config) { c.SLOTPOT = 50 * time.Millisecond },
+			eps:  []ep{{info: withRunning(healthy(0), 160), blocks: promptBlocks, gpu: promptBlocks}, {info: withRunning(healthy(0), 10)}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
 			name: "a request's own SLO overrides",
 			eps:  []ep{cold(0), warm(2*second, promptBlocks)},
 			req:  Request{SLOTTFT: 10 * time.Second},

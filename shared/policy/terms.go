@@ -212,8 +212,23 @@ func (c *cand) preempted(e snapshot.Endpoint, local Local, j *job) float64 {
 	return min(max(need-free, 0), need)
 }
 
-func (c *cand) meets(j *job) bool {
-	return (j.sloTTFT == 0 || c.ttft <= j.sloTTFT) && (j.sloTPOT == 0 || c.itl <= j.sloTPOT)
+// meets reports whether the request is predicted within its SLOs at c,
+// with room to spare (a share of each) unless c holds the most of the
+// prompt any endpoint holds (within a block; most is that). The time per
+// output token is that of the batch it joins, whose steps carry its
+// prefill: spread over the decodeHorizon tokens in which the batch turns
+// over, the stall is what every request decoding there pays per token.
+// Judged by its own ITL alone, a request left a holder predicted a
+// millisecond over a 50 ms SLO for a cold endpoint a millisecond under it,
+// and its 6,000-token prefill pushed the ninety requests decoding there
+// over.
+func (c *cand) meets(j *job, most, room float64) bool {
+	within := 1.0
+	if c.cached < most-j.blockTokens {
+		within -= room
+	}
+	return (j.sloTTFT == 0 || c.ttft <= within*j.sloTTFT) &&
+		(j.sloTPOT == 0 || c.itl+c.prefill/decodeHorizon <= within*j.sloTPOT)
 }
 
 func (c *cand) terms(slot int) Terms {
