@@ -29,6 +29,9 @@ type Tools struct {
 	// Routers are the rival routers' executables by arm family: "smg",
 	// "sglang-router", "vllm-router".
 	Routers map[string]string
+	// GoodputSLO is the workload's goodput SLO (Workload.Goodput), for an
+	// arm that states it to its router.
+	GoodputSLO map[string]float64
 }
 
 // Arm is one router in front of the engines.
@@ -65,6 +68,7 @@ var Arms = []*Arm{
 		start: kvrouteArm(true, map[string]any{"slo_ttft_ms": 3_600_000})},
 	{Name: "kvroute-prefill", About: "kvroute precise with policy.mode prefill: TTFT alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "prefill"})},
 	{Name: "kvroute-decode", About: "kvroute precise with policy.mode decode: the decoding alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "decode"})},
+	{Name: "kvroute-slo", About: "kvroute precise with the goodput SLO stated, as policy.slo_ttft_ms and slo_tpot_ms", Variant: true, start: kvrouteSLOArm},
 	{Name: "sglang-router", About: "sglang-router 0.3.2 cache_aware", start: rivalArm("sglang-router", "launch", "--policy", "cache_aware")},
 	{Name: "smg", About: "smg 1.13.0 cache_aware", start: rivalArm("smg", "launch", "--policy", "cache_aware")},
 	{Name: "vllm-router", About: "vllm-router 0.1.17 cache_aware", start: rivalArm("vllm-router", "", "--policy", "cache_aware")},
@@ -243,6 +247,22 @@ func startCachesync(ctx context.Context, t *Tools, args []string, dir string) (s
 		return "", nil, fmt.Errorf("bench: cachesync: %w", err)
 	}
 	return addr, stop, nil
+}
+
+// kvrouteSLOArm is kvroute precise told the workload's goodput SLO.
+func kvrouteSLOArm(ctx context.Context, t *Tools, p *pool, dir string) (*router, error) {
+	ttft, tpot := t.GoodputSLO["ttft"], t.GoodputSLO["tpot"]
+	if ttft <= 0 && tpot <= 0 {
+		return nil, errors.New("bench: kvroute-slo: the workload states no goodput SLO")
+	}
+	policy := map[string]any{}
+	if ttft > 0 {
+		policy["slo_ttft_ms"] = int(ttft * 1000)
+	}
+	if tpot > 0 {
+		policy["slo_tpot_ms"] = int(tpot * 1000)
+	}
+	return kvrouteArm(true, policy)(ctx, t, p, dir)
 }
 
 // rivalArm runs a rival router from its virtualenv.

@@ -330,7 +330,9 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 	}
 	defer p.close()
 	r.Engines = p.command()
-	rt, err := a.start(ctx, &o.Tools, p, dir)
+	tools := o.Tools
+	tools.GoodputSLO = w.Goodput
+	rt, err := a.start(ctx, &tools, p, dir)
 	if err != nil {
 		r.Error = err.Error()
 		return r

@@ -194,6 +194,11 @@ func targets(b *strings.Builder, s *Summary) {
 					check(g > og*(1+goodputNoise), "mixed: auto's peak goodput above %s's: %.1f req/s (at %s) against %.1f (at %s)%s", other, g, at, og, oat, tie)
 				}
 			}
+			if a := w.arm("kvroute-slo"); a != nil {
+				sg, sat := peakGoodput(a)
+				check(sg >= g*(1-goodputNoise), "mixed: stating the goodput SLO costs no goodput (within %.0f%%): %.1f req/s (at %s) against %.1f (at %s) without it",
+					100*goodputNoise, sg, sat, g, at)
+			}
 		case "b2b-saas":
 			if rr := w.arm("envoy-round-robin"); rr != nil {
 				ratio, bound := kneeRatio(ref, rr)

@@ -82,6 +82,7 @@ func TestTargetsPolicy(t *testing.T) {
 			withGoodput(ladder(headlineArm, rates, []float64{0.1, 0.2, 3}), 7, 14, 12),
 			withGoodput(ladder("kvroute-prefill", rates, []float64{0.1, 0.2, 3}), 7, 14.5, 10),
 			withGoodput(ladder("kvroute-decode", rates, []float64{0.1, 0.2, 3}), 7, 9, 3),
+			withGoodput(ladder("kvroute-slo", rates, []float64{0.1, 0.2, 3}), 7, 13.5, 11),
 		}},
 		{Name: "shared-30", Family: sharedFamily, SLOSeconds: 2, Arms: []ArmResult{
 			ladder(headlineArm, rates, []float64{0.1, 0.2, 3}),
@@ -96,6 +97,7 @@ func TestTargetsPolicy(t *testing.T) {
 		"**met**: b2b-saas TTFT prediction median absolute error under 15% at every stage up to the knee: 8%, 12%",
 		"**missed**: mixed: auto's peak goodput above kvroute-prefill's: 14.0 req/s (at 16 req/s) against 14.5 (at 16 req/s) (within 5%: a tie)",
 		"**met**: mixed: auto's peak goodput above kvroute-decode's: 14.0 req/s (at 16 req/s) against 9.0 (at 16 req/s)",
+		"**met**: mixed: stating the goodput SLO costs no goodput (within 5%): 13.5 req/s (at 16 req/s) against 14.0 (at 16 req/s) without it",
 		// The best rival is vllm-router, whose knee is 24.
 		"**missed**: shared-30 knee at or above the best rival's: 16 req/s against vllm-router's 24 req/s",
 	} {

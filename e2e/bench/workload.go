@@ -220,7 +220,7 @@ var Workloads = []*Workload{
 		Bursty:     true,
 		SLO:        2 * time.Second,
 		Goodput:    map[string]float64{"ttft": 2, "tpot": 0.05},
-		Arms:       []string{"envoy-least-request", "kvroute-precise", "kvroute-prefill", "kvroute-decode", "sglang-router"},
+		Arms:       []string{"envoy-least-request", "kvroute-precise", "kvroute-prefill", "kvroute-decode", "kvroute-slo", "sglang-router"},
 		WarmupRate: 2, WarmupSeconds: 30,
 		Extended: true,
 	},

@@ -11,7 +11,8 @@ import (
 // of the candidates predicted to meet them, the best cached (within a
 // block), by least price among those; if none meets them, the least price
 // (meets false). An endpoint holding less of the prompt than the most any
-// holds must meet them with sloRoom to spare. It also returns the
+// holds must meet them with sloRoom to spare to be chosen for them, though
+// it meets them without (meets true). It also returns the
 // runner-up: the least price among the others, -1 if there is none.
 func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, meets bool) {
 	tol := p.cfg.TieTolerance.Seconds()
@@ -39,8 +40,15 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 			}
 			pick = least(cands, tol, random)
 		}
+		// Kept at its holder for want of room to spare, a request that
+		// another endpoint would serve within the SLOs is not one to shed.
+		for i := range cands {
+			if c := &cands[i]; pick < 0 && c.roomy && c.meets(j, most, 0) {
+				meets = true
+			}
+		}
 	}
-	meets = !slo || pick >= 0
+	meets = meets || !slo || pick >= 0
 	if pick < 0 {
 		for i := range cands {
 			cands[i].sel = cands[i].roomy

@@ -682,3 +682,37 @@ func TestStepWait(t *testing.T) {
 		}
 	}
 }
+
+// TestMeetsSLO: a decision says whether any endpoint is predicted within
+// the SLOs, which is what shedding asks, whichever endpoint it chose.
+func TestMeetsSLO(t *testing.T) {
+	holder := ep{info: withRunning(healthy(0), 160), blocks: promptBlocks, gpu: promptBlocks} // 60.3 ms a token
+	tests := []struct {
+		name   string
+		slo    func(*Config)
+		eps    []ep
+		chosen int
+		meets  bool
+	}{
+		{"no SLO", nil, []ep{holder, {info: withRunning(healthy(0), 110)}}, 0, true},
+		{"TTFT: none within it", func(c *Config) { c.SLOTTFT = 100 * time.Millisecond }, []ep{cold(0), warm(3*second, promptBlocks)}, 0, false},
+		{"TPOT: none within it once the prefill is counted", func(c *Config) { c.SLOTPOT = 50 * time.Millisecond },
+			[]ep{holder, {info: withRunning(healthy(0), 110)}}, 0, false},
+		// 49.4 ms: kept at the holder for want of room to spare, but
+		// servable in time.
+		{"TPOT: within it elsewhere, without room to spare", func(c *Config) { c.SLOTPOT = 50 * time.Millisecond },
+			[]ep{holder, {info: withRunning(healthy(0), 100)}}, 0, true},
+		{"TPOT: within it with room", func(c *Config) { c.SLOTPOT = 50 * time.Millisecond },
+			[]ep{holder, {info: withRunning(healthy(0), 10)}}, 1, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, hashes := fixture(t, tt.eps)
+			r := Request{Model: model, Hashes: hashes}
+			d := picker(t, tt.slo).Pick(v, &r)
+			if d.Endpoint != tt.chosen || d.MeetsSLO != tt.meets {
+				t.Errorf("chose %d, MeetsSLO %v; want %d, %v", d.Endpoint, d.MeetsSLO, tt.chosen, tt.meets)
+			}
+		})
+	}
+}
