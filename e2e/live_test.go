@@ -636,3 +636,47 @@ func TestSessionHeader(t *testing.T) {
 	}
 	s.Close()
 }
+
+// TestShedding: with shed on, a request marked sheddable that no endpoint
+// is predicted to serve within its SLO gets 429 with retry-after, and goes
+// nowhere; one that is not sheddable, or has an SLO an endpoint meets, is
+// routed. Shedding is off by default.
+func TestShedding(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	f := newFakeCachesync(t, engines(threeEndpoints...)...)
+	on := newLiveVM(t, h, f, liveConfig(t, map[string]any{"policy": map[string]any{"shed": true}}))
+	off := newLiveVM(t, h, f, liveConfig(t, nil))
+	syncVMs(on, off)
+	body := chatBody(t, "qwen", strings.Repeat("a question that takes a while ", 200))
+	for _, tc := range []struct {
+		name    string
+		vm      *wasmhost.VM
+		headers [][2]string
+		shed    bool
+	}{
+		// No engine answers within a millisecond: one step alone is 10.
+		{"sheddable, SLO none can meet", on, [][2]string{{"x-kvroute-slo-ttft-ms", "1"}, {"x-kvroute-sheddable", "true"}}, true},
+		{"not sheddable", on, [][2]string{{"x-kvroute-slo-ttft-ms", "1"}}, false},
+		{"sheddable, SLO met", on, [][2]string{{"x-kvroute-slo-ttft-ms", "10000"}, {"x-kvroute-sheddable", "true"}}, false},
+		{"shedding off", off, [][2]string{{"x-kvroute-slo-ttft-ms", "1"}, {"x-kvroute-sheddable", "true"}}, false},
+	} {
+		s := send(t, tc.vm, postHeaders("/v1/chat/completions", tc.headers...), body, 1<<20)
+		dest, _ := s.Upstream.Header(destHeader)
+		if tc.shed {
+			retry := ""
+			if s.Local != nil {
+				for _, kv := range s.Local.Headers {
+					if kv[0] == "retry-after" {
+						retry = kv[1]
+					}
+				}
+			}
+			if s.Local == nil || s.Local.Status != 429 || retry != "1" || dest != "" {
+				t.Errorf("%s: local reply %+v, destination %q; want 429 with retry-after 1, routed nowhere", tc.name, s.Local, dest)
+			}
+		} else if s.Local != nil || dest == "" {
+			t.Errorf("%s: local reply %+v, destination %q; want routed", tc.name, s.Local, dest)
+		}
+		s.Close()
+	}
+}
