@@ -11,9 +11,10 @@ import (
 // of the candidates predicted to meet them, the best cached (within a
 // block), by least price among those; if none meets them, the least price
 // (meets false). An endpoint holding less of the prompt than the most any
-// holds must meet them with sloRoom to spare to be chosen for them, though
-// it meets them without (meets true). It also returns the
-// runner-up: the least price among the others, -1 if there is none.
+// holds must meet them with sloRoom to spare to be chosen for them; one
+// that meets them without is still one that meets them (meets true). It
+// also returns the runner-up: the least price among the others, -1 if
+// there is none.
 func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, meets bool) {
 	tol := p.cfg.TieTolerance.Seconds()
 	slo := j.sloTTFT > 0 || j.sloTPOT > 0
@@ -40,11 +41,15 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 			}
 			pick = least(cands, tol, random)
 		}
-		// Kept at its holder for want of room to spare, a request that
-		// another endpoint would serve within the SLOs is not one to shed.
-		for i := range cands {
-			if c := &cands[i]; pick < 0 && c.roomy && c.meets(j, most, 0) {
-				meets = true
+		if pick < 0 {
+			// Kept at its holder for want of room to spare, a request
+			// another endpoint would serve within the SLOs is not one to
+			// shed.
+			for i := range cands {
+				if c := &cands[i]; c.roomy && c.meets(j, most, 0) {
+					meets = true
+					break
+				}
 			}
 		}
 	}
@@ -68,8 +73,9 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 // prompt than another must beat it to take the request for the SLO's
 // sake: about the latency model's median error at steady load (6-11% in
 // the bench). Without it, predictions a millisecond either side of a 50 ms
-// TPOT SLO moved requests from their holder to copies priced three times
-// as dear, and those copies' prefills pushed the batches they joined over.
+// TPOT SLO moved requests from their holder to copies priced two to eight
+// times as dear, and those copies' prefills pushed the batches they joined
+// over.
 const sloRoom = 0.1
 
 // least returns the selected candidate with the least price, picking
