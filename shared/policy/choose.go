@@ -72,10 +72,10 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 // sloRoom is the share of an SLO by which an endpoint holding less of the
 // prompt than another must beat it to take the request for the SLO's
 // sake: about the latency model's median error at steady load (6-11% in
-// the bench). Without it, predictions a millisecond either side of a 50 ms
-// TPOT SLO moved requests from their holder to copies priced two to eight
-// times as dear, and those copies' prefills pushed the batches they joined
-// over.
+// the bench). Without it, predictions a few milliseconds either side of a
+// 50 ms TPOT SLO moved requests from their holder to copies priced two to
+// eight times as dear, and those copies' prefills pushed the batches they
+// joined over.
 const sloRoom = 0.1
 
 // least returns the selected candidate with the least price, picking

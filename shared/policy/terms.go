@@ -218,10 +218,9 @@ func (c *cand) preempted(e snapshot.Endpoint, local Local, j *job) float64 {
 // output token is that of the batch it joins, whose steps carry its
 // prefill: spread over the decodeHorizon tokens in which the batch turns
 // over, the stall is what every request decoding there pays per token.
-// Judged by its own ITL alone, a request left a holder predicted a
-// millisecond over a 50 ms SLO for a cold endpoint a millisecond under it,
-// and its 6,000-token prefill pushed the ninety requests decoding there
-// over.
+// Judged by its own ITL alone, a request left a holder predicted just
+// over a 50 ms SLO for a cold endpoint just under it, and its 6,000-token
+// prefill pushed the ninety requests decoding there over.
 func (c *cand) meets(j *job, most, room float64) bool {
 	within := 1.0
 	if c.cached < most-j.blockTokens {
