@@ -38,8 +38,8 @@ func (c *InferencePerf) run(ctx context.Context, w *Workload, model, baseURL, di
 		return nil, err
 	}
 	trace := filepath.Join(dir, "arrivals.csv")
-	if w.Bursty && i >= 0 {
-		if err := os.WriteFile(trace, burstTrace(w.Rates[i], traceRequests(w.Rates[i], stageSeconds), burstSeed(i)), 0o644); err != nil {
+	if w.replayed(i) {
+		if err := os.WriteFile(trace, arrivalTrace(w.Rates[i], traceRequests(w.Rates[i], stageSeconds), traceSeed(i), w.Bursty), 0o644); err != nil {
 			return nil, err
 		}
 	}

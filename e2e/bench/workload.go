@@ -30,8 +30,8 @@ type Workload struct {
 	// these per-request SLOs (its goodput report: keys ttft, tpot, in
 	// seconds).
 	Goodput map[string]float64
-	// Bursty replaces each Poisson stage's arrivals with a bursty trace of
-	// the same mean rate (burstTrace), which inference-perf replays.
+	// Bursty makes each stage's arrivals bursts at the stage's mean rate
+	// (arrivalTrace) instead of steady Poisson ones.
 	Bursty bool
 	// Arms are the arms run by default on this workload; nil: every arm
 	// but the policy-mode variants.
@@ -95,15 +95,24 @@ func (w *Workload) stage(i, stageSeconds int) map[string]any {
 	return map[string]any{"rate": w.Rates[i], "duration": stageSeconds}
 }
 
+// replayed reports whether stage i's arrivals are a trace the bench draws
+// (arrivalTrace), the same for every arm: every stage of a rate ladder but
+// a multi-turn workload's, whose turns inference-perf sends as their
+// conversations allow. The warm-up is not compared, and keeps
+// inference-perf's Poisson load.
+func (w *Workload) replayed(i int) bool {
+	return i >= 0 && w.Concurrency == nil && w.SessionHeader == ""
+}
+
 // config returns inference-perf's configuration for stage i of the workload
 // (-1: the warm-up) against baseURL, with reports written under out.
-// A bursty stage replays the trace at tracePath.
+// A replayed stage replays the trace at tracePath.
 func (w *Workload) config(model, baseURL, tokenizer, out, tracePath string, i, stageSeconds int) map[string]any {
 	load := map[string]any{"num_workers": 2, "worker_max_concurrency": 256, "interval": 1, "type": "poisson"}
 	switch {
 	case w.Concurrency != nil && i >= 0:
 		load["type"] = "concurrent"
-	case w.Bursty && i >= 0:
+	case w.replayed(i):
 		load["type"] = "trace_replay"
 		load["trace"] = map[string]any{"file": tracePath, "format": "AzurePublicDataset"}
 	}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -17,17 +18,23 @@ const (
 	burstPeak  = 2.5
 )
 
-// burstTrace returns n arrivals at mean rate (requests per second) as a
+// arrivalTrace returns n arrivals at mean rate (requests per second) as a
 // trace inference-perf's trace_replay load replays: Azure's public LLM
 // inference trace format (timestamp, context tokens, generated tokens),
 // whose token columns the shared_prefix generator ignores. The arrivals are
-// a Poisson process whose intensity steps between the burst and the lull,
-// drawn from seed, so every arm sees the same trace.
-func burstTrace(rate float64, n int, seed uint64) []byte {
+// a Poisson process, steady or, bursty, with an intensity that steps
+// between the burst and the lull, drawn from seed, so every arm sees the
+// same trace. inference-perf's own Poisson load draws from an unseeded
+// generator: at 24 req/s one arm's stage took 13 s to send what another's
+// took 15.6 s to, and output tokens/s followed the sending, not the router.
+func arrivalTrace(rate float64, n int, seed uint64, bursty bool) []byte {
 	on, cycle := burstOn.Seconds(), burstCycle.Seconds()
 	peak := burstPeak * rate
 	lull := (cycle*rate - on*peak) / (cycle - on)
 	intensity := func(t float64) (float64, float64) { // the rate at t, and when it next changes
+		if !bursty {
+			return rate, math.Inf(1)
+		}
 		c := t - cycle*float64(int(t/cycle))
 		base := t - c
 		if c < on {
@@ -59,8 +66,8 @@ func burstTrace(rate float64, n int, seed uint64) []byte {
 	return b.Bytes()
 }
 
-// burstSeed is the trace's seed for stage i: the same for every arm.
-func burstSeed(i int) uint64 { return 42 + uint64(i) }
+// traceSeed is the trace's seed for stage i: the same for every arm.
+func traceSeed(i int) uint64 { return 42 + uint64(i) }
 
 // traceRequests is how many requests inference-perf sends in a stage of
 // rate and seconds: it sends int(rate × duration) and takes their times
