@@ -22,11 +22,12 @@ const (
 // trace inference-perf's trace_replay load replays: Azure's public LLM
 // inference trace format (timestamp, context tokens, generated tokens),
 // whose token columns the shared_prefix generator ignores. The arrivals are
-// a Poisson process, steady or, bursty, with an intensity that steps
-// between the burst and the lull, drawn from seed, so every arm sees the
-// same trace. inference-perf's own Poisson load draws from an unseeded
-// generator: at 24 req/s one arm's stage took 13 s to send what another's
-// took 15.6 s to, and output tokens/s followed the sending, not the router.
+// a Poisson process, steady, or bursty with an intensity that steps between
+// the burst and the lull, drawn from seed, so every arm sees the same
+// trace. inference-perf's own Poisson load draws from an unseeded
+// generator: at 24 req/s one arm's stage took 13.3 s to send what
+// another's took 15.6 s to, and output tokens/s followed the sending, not
+// the router.
 func arrivalTrace(rate float64, n int, seed uint64, bursty bool) []byte {
 	on, cycle := burstOn.Seconds(), burstCycle.Seconds()
 	peak := burstPeak * rate
