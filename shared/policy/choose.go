@@ -20,16 +20,10 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 	slo := j.sloTTFT > 0 || j.sloTPOT > 0
 	pick = -1
 	if slo {
-		most := 0.0
-		for i := range cands {
-			if c := &cands[i]; c.roomy {
-				most = max(most, c.cached)
-			}
-		}
 		best := -1.0
 		for i := range cands {
 			c := &cands[i]
-			c.sel = c.roomy && c.meets(j, most, sloRoom)
+			c.sel = c.roomy && c.meets(j, sloRoom)
 			if c.sel && c.cached > best {
 				best = c.cached
 			}
@@ -46,7 +40,7 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 			// another endpoint would serve within the SLOs is not one to
 			// shed.
 			for i := range cands {
-				if c := &cands[i]; c.roomy && c.meets(j, most, 0) {
+				if c := &cands[i]; c.roomy && c.meets(j, 0) {
 					meets = true
 					break
 				}
@@ -114,17 +108,11 @@ func least(cands []cand, tol float64, random uint64) int {
 // reason classifies a choice: affinity when the chosen endpoint holds
 // (within a block) the most of the prompt of any, least-load when none
 // holds any, saturated-release when a warmer one was priced out.
-func reason(cands []cand, pick int, blockTokens float64) Reason {
-	most := 0.0
-	for i := range cands {
-		if c := &cands[i]; c.eligible && c.cached > most {
-			most = c.cached
-		}
-	}
+func reason(cands []cand, pick int, j *job) Reason {
 	switch {
-	case most < blockTokens:
+	case j.most < j.blockTokens:
 		return ReasonLeastLoad
-	case cands[pick].cached >= most-blockTokens:
+	case cands[pick].cached >= j.most-j.blockTokens:
 		return ReasonAffinity
 	}
 	return ReasonSaturatedRelease

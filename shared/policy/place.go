@@ -25,19 +25,15 @@ package policy
 // the moment a prefix is first seen. Any other prompt may go to any
 // eligible endpoint.
 func placeNew(cands []cand, j *job) {
-	most, quickest := 0.0, -1
+	quickest := -1
 	for i := range cands {
 		c := &cands[i]
 		c.roomy = c.eligible
-		if !c.eligible {
-			continue
-		}
-		most = max(most, c.cached)
-		if quickest < 0 || c.ttft < cands[quickest].ttft {
+		if c.eligible && (quickest < 0 || c.ttft < cands[quickest].ttft) {
 			quickest = i
 		}
 	}
-	if quickest < 0 || most >= j.blockTokens {
+	if quickest < 0 || j.most >= j.blockTokens {
 		return
 	}
 	limit := cands[quickest].ttft + cands[quickest].prefill

@@ -374,11 +374,12 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 			p.price(c, m.Endpoint(i), match[i], held, localOf(r, i), r.Stale, &job)
 		}
 	}
+	job.most = mostCached(cands)
 	placeNew(cands, &job)
 	pick, runner, meets := p.choose(cands, &job, r.Random)
 	c := &cands[pick]
 	d.Endpoint, d.MeetsSLO = pick, meets
-	d.Reason = reason(cands, pick, job.blockTokens)
+	d.Reason = reason(cands, pick, &job)
 	d.Blocks, d.GPUBlocks = int(p.match[pick].Blocks), int(p.match[pick].GPU)
 	d.UncachedTokens = int(math.Ceil(c.uncached))
 	d.Chosen = c.terms(pick)

@@ -15,6 +15,20 @@ type job struct {
 	blockTokens float64
 	sloTTFT     float64 // seconds; 0 none
 	sloTPOT     float64
+	// most is the most of the prompt any eligible endpoint holds, in
+	// tokens: known once every candidate is priced (mostCached).
+	most float64
+}
+
+// mostCached returns the most of the prompt any eligible candidate holds.
+func mostCached(cands []cand) float64 {
+	most := 0.0
+	for i := range cands {
+		if c := &cands[i]; c.eligible {
+			most = max(most, c.cached)
+		}
+	}
+	return most
 }
 
 func (p *Picker) job(m *snapshot.Manifest, r *Request) job {
@@ -214,16 +228,16 @@ func (c *cand) preempted(e snapshot.Endpoint, local Local, j *job) float64 {
 
 // meets reports whether the request is predicted within its SLOs at c,
 // with room to spare (a share of each) unless c holds the most of the
-// prompt any endpoint holds (within a block; most is that). The time per
+// prompt any endpoint holds (within a block). The time per
 // output token is that of the batch it joins, whose steps carry its
 // prefill: spread over the decodeHorizon tokens in which the batch turns
 // over, the stall is what every request decoding there pays per token.
 // Judged by its own ITL alone, a request left a holder predicted just
 // over a 50 ms SLO for a cold endpoint just under it, and its 6,000-token
 // prefill pushed the ninety requests decoding there over.
-func (c *cand) meets(j *job, most, room float64) bool {
+func (c *cand) meets(j *job, room float64) bool {
 	within := 1.0
-	if c.cached < most-j.blockTokens {
+	if c.cached < j.most-j.blockTokens {
 		within -= room
 	}
 	return (j.sloTTFT == 0 || c.ttft <= within*j.sloTTFT) &&
