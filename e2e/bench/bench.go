@@ -154,6 +154,10 @@ type Stage struct {
 	Rate        float64 `json:"rate,omitempty"`
 	Concurrency int     `json:"concurrency,omitempty"`
 	Achieved    float64 `json:"achieved_rate"`
+	// SendDelay is how late the client sent the stage's requests against
+	// their arrival times (inference-perf's schedule delay): a request the
+	// client holds back waits in no queue TTFT sees.
+	SendDelay   dist    `json:"send_delay_seconds"`
 	Requests    int     `json:"requests"`
 	Failures    int     `json:"failures"`
 	SuccessRate float64 `json:"success_rate"`
@@ -178,6 +182,19 @@ type Stage struct {
 	// PredictionError is cachesync's TTFT prediction error over the
 	// stage's routed requests (kvroute arms).
 	PredictionError *PredictionError `json:"ttft_prediction_error,omitempty"`
+}
+
+// lateSend is how late the client may send a tenth of a stage's requests
+// before the stage measures the client rather than the arm: a sliver of
+// the 2 s SLOs, and twenty times what it shows when it keeps up (5-7 ms
+// at 72 req/s).
+const lateSend = 100 * time.Millisecond
+
+// sentLate reports whether the client sent the stage's requests late:
+// held back, they queued where TTFT does not count them. Closed-loop
+// stages hold requests back by design.
+func (s *Stage) sentLate() bool {
+	return s.Concurrency == 0 && s.SendDelay.P90 > lateSend.Seconds()
 }
 
 // load is the stage's offered load: its Poisson rate, or its concurrency
@@ -453,7 +470,7 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 func stageOf(w *Workload, i int, rep *stageReport) Stage {
 	s := rep.Successes
 	st := Stage{
-		Label: w.stageLabel(i), Achieved: rep.Load.AchievedRate,
+		Label: w.stageLabel(i), Achieved: rep.Load.AchievedRate, SendDelay: rep.Load.ScheduleDelay,
 		Requests: s.Count + rep.Failures.Count, Failures: rep.Failures.Count,
 		OutputTPS: s.Throughput.Output, InputTPS: s.Throughput.Input,
 		TTFT: s.Latency.TimeToFirstToken, ITL: s.Latency.InterTokenLatency, Latency: s.Latency.RequestLatency,
@@ -474,11 +491,12 @@ func stageOf(w *Workload, i int, rep *stageReport) Stage {
 
 // knee is the last stage of the ladder's unbroken run from the bottom
 // within the SLO: a stage that recovers after one that missed does not
-// count, since the arm did not hold the lower load.
+// count, since the arm did not hold the lower load. Nor does a stage the
+// client sent late: what it measured is the client.
 func knee(w *Workload, stages []Stage) *Knee {
 	var k *Knee
 	for i, s := range stages {
-		if s.Requests == 0 || s.SuccessRate < 0.99 || s.TTFT.P90 > w.SLO.Seconds() {
+		if s.Requests == 0 || s.SuccessRate < 0.99 || s.TTFT.P90 > w.SLO.Seconds() || s.sentLate() {
 			break
 		}
 		k = &Knee{Stage: i, Label: s.Label, Load: s.load(), OutputTPS: s.OutputTPS}

@@ -92,6 +92,7 @@ type stageReport struct {
 		Count         int     `json:"count"`
 		RequestedRate float64 `json:"requested_rate"`
 		AchievedRate  float64 `json:"achieved_rate"`
+		ScheduleDelay dist    `json:"schedule_delay"`
 	} `json:"load_summary"`
 	Successes struct {
 		Count   int `json:"count"`

@@ -10,6 +10,8 @@ func TestKnee(t *testing.T) {
 	stage := func(rate, p90, success float64) Stage {
 		return Stage{Rate: rate, Requests: 100, SuccessRate: success, TTFT: dist{P90: p90}, OutputTPS: 10 * rate}
 	}
+	late := func(s Stage, p90 float64) Stage { s.SendDelay.P90 = p90; return s }
+	closed := func(s Stage) Stage { s.Concurrency, s.Rate = int(s.Rate), 0; return s }
 	for _, tt := range []struct {
 		name   string
 		stages []Stage
@@ -20,6 +22,9 @@ func TestKnee(t *testing.T) {
 		{"a recovery after a miss does not count", []Stage{stage(4, 0.1, 1), stage(8, 3, 1), stage(16, 0.2, 1)}, 4},
 		{"failures count as a miss", []Stage{stage(4, 0.1, 1), stage(8, 0.1, 0.95)}, 4},
 		{"the first misses", []Stage{stage(4, 2.1, 1), stage(8, 0.1, 1)}, 0},
+		{"a stage the client sent late does not count", []Stage{stage(4, 0.1, 1), late(stage(8, 0.1, 1), 0.5)}, 4},
+		{"a client on time counts", []Stage{stage(4, 0.1, 1), late(stage(8, 0.1, 1), 0.005)}, 8},
+		{"a closed loop holds requests by design", []Stage{closed(late(stage(4, 0.1, 1), 3))}, 4},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			k := knee(w, tt.stages)

@@ -389,6 +389,16 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 	table("Input tokens per second, success rate:", func(s *Stage) string {
 		return fmt.Sprintf("%d, %.1f%%", int(s.InputTPS), 100*s.SuccessRate)
 	})
+	table(fmt.Sprintf("The client: requests/s it sent, and how late it sent them (p90, ms; a stage sent more than %.0f ms late measures the client, and ends the knee):", 1000*lateSend.Seconds()), func(s *Stage) string {
+		if s.SendDelay == (dist{}) {
+			return fmt.Sprintf("%.1f", s.Achieved) // a run from before the bench read the delay
+		}
+		late := ""
+		if s.sentLate() {
+			late = " (late)"
+		}
+		return fmt.Sprintf("%.1f, %.0f%s", s.Achieved, 1000*s.SendDelay.P90, late)
+	})
 	if w.Goodput != nil {
 		table(fmt.Sprintf("Goodput: requests/s meeting %s (inference-perf's goodput report), and their share of the answered:", sloText(w.Goodput)), func(s *Stage) string {
 			return fmt.Sprintf("%.1f, %.0f%%", s.Goodput, 100*s.GoodShare)

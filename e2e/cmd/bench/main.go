@@ -108,7 +108,7 @@ func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesyn
 		}
 		if quick {
 			q := *w
-			q.Rates = []float64{8, 24, 40, 48} // light load, and around the knees of the good arms
+			q.Rates = []float64{8, 24, 40, 48, 56, 64} // light load, and around the knees of the good arms
 			w = &q
 		}
 		o.Workloads = append(o.Workloads, w)
