@@ -115,7 +115,7 @@ bench-wasm: build/wasmexec
 # bench runs the routing benchmark (e2e/bench): inference-perf driving every
 # arm, Envoy's policies, kvroute, the rival routers and an oracle, in front of
 # fresh simulated engines; it writes results/bench. WORKLOADS and ARMS
-# (comma-separated) select; bench-quick is b2b-saas at 8, 24, 40, 48 req/s with three arms.
+# (comma-separated) select; bench-quick is b2b-saas at 8 to 64 req/s with three arms.
 # bench-setup installs the client and the rivals into virtualenvs, once.
 BENCH_VENVS := build/bench
 INFERENCE_PERF_VERSION := 0.7.0
