@@ -67,7 +67,8 @@ func arrivalTrace(rate float64, n int, seed uint64, bursty bool) []byte {
 	return b.Bytes()
 }
 
-// traceSeed is the trace's seed for stage i: the same for every arm.
+// traceSeed is the trace's seed for stage i (-1: the warm-up): the same
+// for every arm.
 func traceSeed(i int) uint64 { return 42 + uint64(i) }
 
 // traceRequests is how many requests inference-perf sends in a stage of

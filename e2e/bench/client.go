@@ -39,7 +39,7 @@ func (c *InferencePerf) run(ctx context.Context, w *Workload, model, baseURL, di
 	}
 	trace := filepath.Join(dir, "arrivals.csv")
 	if w.replayed(i) {
-		if err := os.WriteFile(trace, arrivalTrace(w.Rates[i], traceRequests(w.Rates[i], stageSeconds), traceSeed(i), w.Bursty), 0o644); err != nil {
+		if err := os.WriteFile(trace, w.arrivals(i, stageSeconds), 0o644); err != nil {
 			return nil, err
 		}
 	}

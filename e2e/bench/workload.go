@@ -97,12 +97,31 @@ func (w *Workload) stage(i, stageSeconds int) map[string]any {
 }
 
 // replayed reports whether stage i's arrivals are a trace the bench draws
-// (arrivalTrace), the same for every arm: every stage of a rate ladder but
-// a multi-turn workload's, whose turns inference-perf sends as their
-// conversations allow. The warm-up is not compared, and keeps
-// inference-perf's Poisson load.
+// (arrivalTrace), the same for every arm: the warm-up and every stage of a
+// rate ladder, but not a multi-turn workload's, whose turns inference-perf
+// sends as their conversations allow. The warm-up is not reported, but it
+// places every prefix: left to inference-perf's unseeded Poisson, the
+// order and spacing of the groups' first requests changed from run to
+// run, and with them how evenly a router spread the groups (sglang-router
+// five on one engine and three on another in some runs of b2b-saas, four
+// to each in others), which then decided its knee.
 func (w *Workload) replayed(i int) bool {
-	return i >= 0 && w.Concurrency == nil && w.SessionHeader == ""
+	if w.SessionHeader != "" {
+		return false
+	}
+	if i < 0 {
+		return w.WarmupRate > 0
+	}
+	return w.Concurrency == nil
+}
+
+// arrivals returns stage i's trace (-1: the warm-up, steady whatever the
+// ladder's bursts).
+func (w *Workload) arrivals(i, stageSeconds int) []byte {
+	if i < 0 {
+		return arrivalTrace(w.WarmupRate, traceRequests(w.WarmupRate, w.WarmupSeconds), traceSeed(i), false)
+	}
+	return arrivalTrace(w.Rates[i], traceRequests(w.Rates[i], stageSeconds), traceSeed(i), w.Bursty)
 }
 
 // clientWorkers is how many processes inference-perf sends from.

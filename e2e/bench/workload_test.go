@@ -1,6 +1,9 @@
 package bench
 
-import "testing"
+import (
+	"bytes"
+	"testing"
+)
 
 // TestClientHoldsNoRequestBack checks that on every rate stage of every
 // workload a single client worker may have all the stage's requests in
@@ -18,5 +21,39 @@ func TestClientHoldsNoRequestBack(t *testing.T) {
 				t.Errorf("%s at %v req/s: a worker may have %d requests in flight of the stage's %d", w.Name, rate, got, n)
 			}
 		}
+	}
+}
+
+// TestWarmupIsReplayed checks that every warm-up is a seeded trace, steady
+// and of the warm-up's own rate: the warm-up places every prefix, and
+// inference-perf's unseeded Poisson placed them differently from run to
+// run.
+func TestWarmupIsReplayed(t *testing.T) {
+	const stageSeconds = 15
+	warmed := 0
+	for _, w := range Workloads {
+		if w.WarmupRate == 0 || w.SessionHeader != "" {
+			continue
+		}
+		warmed++
+		load := w.config(Model, "http://127.0.0.1:1", "tok", "out", "trace.csv", -1, stageSeconds)["load"].(map[string]any)
+		if load["type"] != "trace_replay" {
+			t.Errorf("%s: warm-up load %v, want trace_replay", w.Name, load["type"])
+		}
+		trace := w.arrivals(-1, stageSeconds)
+		if !bytes.Equal(trace, w.arrivals(-1, stageSeconds)) {
+			t.Errorf("%s: two warm-up traces differ", w.Name)
+		}
+		if got, want := bytes.Count(trace, []byte("\n"))-1, int(w.WarmupRate*float64(w.WarmupSeconds)); got != want {
+			t.Errorf("%s: warm-up trace of %d arrivals, want %d", w.Name, got, want)
+		}
+		steady := *w
+		steady.Bursty = false
+		if !bytes.Equal(trace, steady.arrivals(-1, stageSeconds)) {
+			t.Errorf("%s: the warm-up follows the ladder's bursts", w.Name)
+		}
+	}
+	if warmed == 0 {
+		t.Fatal("no workload has a warm-up")
 	}
 }
