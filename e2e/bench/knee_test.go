@@ -12,6 +12,7 @@ func TestKnee(t *testing.T) {
 	}
 	late := func(s Stage, p90 float64) Stage { s.SendDelay.P90 = p90; return s }
 	closed := func(s Stage) Stage { s.Concurrency, s.Rate = int(s.Rate), 0; return s }
+	paced := func(s Stage) Stage { s.Paced = true; return s }
 	for _, tt := range []struct {
 		name   string
 		stages []Stage
@@ -25,6 +26,7 @@ func TestKnee(t *testing.T) {
 		{"a stage the client sent late does not count", []Stage{stage(4, 0.1, 1), late(stage(8, 0.1, 1), 0.5)}, 4},
 		{"a client on time counts", []Stage{stage(4, 0.1, 1), late(stage(8, 0.1, 1), 0.005)}, 8},
 		{"a closed loop holds requests by design", []Stage{closed(late(stage(4, 0.1, 1), 3))}, 4},
+		{"so do a conversation's turns", []Stage{paced(late(stage(4, 0.1, 1), 1.8)), paced(late(stage(8, 0.8, 1), 1.8))}, 8},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			k := knee(w, tt.stages)
@@ -35,5 +37,22 @@ func TestKnee(t *testing.T) {
 				t.Errorf("knee %+v, want %v req/s", k, tt.want)
 			}
 		})
+	}
+}
+
+// TestPaced checks which workloads' stages send only as answers come: the
+// closed loops and the conversations, not the Poisson ladders.
+func TestPaced(t *testing.T) {
+	for _, tt := range []struct {
+		workload string
+		want     bool
+	}{{"b2b-saas", false}, {"mixed", false}, {"multi-turn", true}, {"code-gen", true}} {
+		w, err := WorkloadByName(tt.workload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := stageOf(w, 0, &stageReport{}).Paced; got != tt.want {
+			t.Errorf("%s: paced %v, want %v", tt.workload, got, tt.want)
+		}
 	}
 }

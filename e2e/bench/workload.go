@@ -100,11 +100,11 @@ func (w *Workload) stage(i, stageSeconds int) map[string]any {
 // (arrivalTrace), the same for every arm: the warm-up and every stage of a
 // rate ladder, but not a multi-turn workload's, whose turns inference-perf
 // sends as their conversations allow. The warm-up is not reported, but it
-// places every prefix: left to inference-perf's unseeded Poisson, the
-// order and spacing of the groups' first requests changed from run to
-// run, and with them how evenly a router spread the groups (sglang-router
-// five on one engine and three on another in some runs of b2b-saas, four
-// to each in others), which then decided its knee.
+// places every prefix, and where the groups land decides an arm's knee:
+// every arm now meets the same first requests at the same moments. That
+// does not make a router's placement the same from run to run: with one
+// trace sglang-router put b2b-saas's groups five to one engine and three to
+// another in one run and four to each in the next.
 func (w *Workload) replayed(i int) bool {
 	if w.SessionHeader != "" {
 		return false
