@@ -86,7 +86,7 @@ type cand struct {
 // snapshot may not have seen them yet) and in its queue. Then:
 //
 //	price = TTFT + min(out, decodeHorizon)·ITL (auto) | TTFT (prefill) | out·ITL + TTFT/out (decode)
-//	        + OthersWeight · others + EvictionWeight · eviction + copy margin
+//	        + OthersWeight · others + EvictionWeight · eviction
 //
 // others is what the request's own work costs the requests that share the
 // endpoint with it: every step that prefills its uncached tokens, and every
@@ -98,10 +98,9 @@ type cand struct {
 // out: their prefill time times how full the endpoint's cache is, and all
 // of it once the cache would overflow; blocks another endpoint already
 // holds count in full, empty cache or not, so a prefix is copied only when
-// the queue at its holder costs more than a cold prefill plus the room,
-// and by more than the copy margin (copyRoom). A cache of a prompt per
-// slot (llama.cpp's) is full when every slot holds a prompt, however few
-// of its tokens they fill.
+// the queue at its holder costs more than a cold prefill plus the room. A
+// cache of a prompt per slot (llama.cpp's) is full when every slot holds a
+// prompt, however few of its tokens they fill.
 //
 // others also counts the recompute of what the engine preempts when the
 // request's blocks do not fit beside the running requests' (preempted).
