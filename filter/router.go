@@ -455,7 +455,7 @@ func appendTerms(b []byte, prefix string, t *policy.Terms) []byte {
 		v    int64
 	}{
 		{"ttft_ms", t.TTFT.Milliseconds()}, {"step_wait_us", t.Wait.Microseconds()}, {"itl_us", t.ITL.Microseconds()}, {"others_ms", t.Others.Milliseconds()},
-		{"eviction_ms", t.Eviction.Milliseconds()},
+		{"eviction_ms", t.Eviction.Milliseconds()}, {"copy_margin_ms", t.CopyMargin.Milliseconds()},
 		{"price_ms", t.Price.Milliseconds()}, {"backlog_tokens", int64(t.Backlog)}, {"running", int64(t.Running)},
 		{"prefixes", int64(t.Prefixes)}, {"fill_pct", int64(t.FillPercent)},
 	} {

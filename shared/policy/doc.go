@@ -47,10 +47,14 @@
 // blocks times how full the cache is (the index's blocks over its
 // capacity, both in the snapshot), and all of the overflow once it would be
 // full; blocks another endpoint already holds count in full however empty
-// the cache, since a copy spends the pool's room twice. So a warm endpoint
-// keeps its prefix until queueing there costs more than a cold prefill and
-// a copy's room elsewhere; and a prefix hotter than one endpoint can serve
-// spreads to a second endpoint, which then holds it too and keeps it warm.
+// the cache, since a copy spends the pool's room twice. A copy must also
+// undercut the endpoints holding more of the prompt by a tenth of its
+// price, the model's usual error, and at most by its copied blocks'
+// prefill time: it draws its prefix's traffic from then on. So a warm
+// endpoint keeps its prefix until queueing there costs clearly more than a
+// cold prefill and a copy's room elsewhere; and a prefix hotter than one
+// endpoint can serve spreads to a second endpoint, which then holds it too
+// and keeps it warm.
 //
 // # Placement
 //

@@ -250,6 +250,7 @@ type Terms struct {
 	ITL            time.Duration // predicted inter-token latency
 	Others         time.Duration // delay its work would add to the requests sharing the endpoint
 	Eviction       time.Duration // price of the cached blocks it would evict
+	CopyMargin     time.Duration // added to a copy's price: what it must undercut the holders by
 	Price          time.Duration // what the choice minimised
 	// Prefixes and FillPercent are what placement of a prompt new to the
 	// pool weighs after the price: the prefixes the endpoint draws traffic

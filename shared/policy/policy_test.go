@@ -137,13 +137,26 @@ func TestPick(t *testing.T) {
 			want: []int{0}, reason: ReasonSaturatedRelease,
 		},
 		{
+			// The cold endpoint is 5% cheaper, within the model's
+			// error; the copy would draw the prefix's traffic from then
+			// on.
+			name: "kept while a copy would save less than the model's error",
+			eps:  []ep{cold(0), warm(second*22/10, promptBlocks)},
+			want: []int{1}, reason: ReasonAffinity,
+		},
+		{
+			name: "a copy of a few blocks needs no margin: it follows the load",
+			eps:  []ep{cold(0), warm(second/4, 20)},
+			want: []int{0}, reason: ReasonSaturatedRelease,
+		},
+		{
 			name: "no cliff: a third of the prompt cached still pulls",
 			eps:  []ep{cold(0), warm(0, promptBlocks/3), cold(0)},
 			want: []int{1}, reason: ReasonAffinity,
 		},
 		{
-			name: "a third cached is not worth a second of queue",
-			eps:  []ep{cold(0), warm(second, promptBlocks/3), cold(0)},
+			name: "a third cached is not worth two seconds of queue",
+			eps:  []ep{cold(0), warm(2*second, promptBlocks/3), cold(0)},
 			want: []int{0, 2}, reason: ReasonSaturatedRelease,
 		},
 		{
@@ -185,9 +198,9 @@ func TestPick(t *testing.T) {
 			want: []int{0}, reason: ReasonAffinity,
 		},
 		{
-			name: "the same, priced selfishly (others weight 0): it leaves",
+			name: "priced selfishly (others weight 0), it leaves for a smaller batch the cold prefill would stall",
 			cfg:  func(c *Config) { c.OthersWeight = 0 },
-			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 15)}},
+			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 10)}},
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
@@ -440,12 +453,15 @@ func TestDecisionExplains(t *testing.T) {
 		t.Errorf("terms: chosen %+v, runner-up %+v", c, r)
 	}
 	for _, x := range []Terms{c, r} {
-		if got := x.TTFT + 100*x.ITL + x.Others + x.Eviction; absDur(got-x.Price) > time.Millisecond {
+		if got := x.TTFT + 100*x.ITL + x.Others + x.Eviction + x.CopyMargin; absDur(got-x.Price) > time.Millisecond {
 			t.Errorf("terms %+v do not add up to the price", x)
 		}
 	}
 	if !(c.Price < r.Price) {
 		t.Errorf("the chosen price %v is not below the runner-up's %v", c.Price, r.Price)
+	}
+	if c.CopyMargin != 0 || r.CopyMargin <= 0 {
+		t.Errorf("copy margins %v at the holder and %v at the cold endpoint, want none and some", c.CopyMargin, r.CopyMargin)
 	}
 }
 

@@ -62,6 +62,7 @@ type cand struct {
 	itl      float64
 	others   float64 // seconds its work adds to the requests sharing the endpoint
 	evict    float64 // seconds of future prefill its eviction costs
+	margin   float64 // seconds a copy must undercut the holders by (copyRoom)
 	price    float64 // what the choice minimises, seconds
 	prefill  float64 // seconds its own uncached tokens take to prefill there
 	fill     float64 // its cache's fill, pending prefills included; -1 unknown
@@ -85,7 +86,7 @@ type cand struct {
 // snapshot may not have seen them yet) and in its queue. Then:
 //
 //	price = TTFT + min(out, decodeHorizon)·ITL (auto) | TTFT (prefill) | out·ITL + TTFT/out (decode)
-//	        + OthersWeight · others + EvictionWeight · eviction
+//	        + OthersWeight · others + EvictionWeight · eviction + copy margin
 //
 // others is what the request's own work costs the requests that share the
 // endpoint with it: every step that prefills its uncached tokens, and every
@@ -97,9 +98,10 @@ type cand struct {
 // out: their prefill time times how full the endpoint's cache is, and all
 // of it once the cache would overflow; blocks another endpoint already
 // holds count in full, empty cache or not, so a prefix is copied only when
-// the queue at its holder costs more than a cold prefill plus the room. A
-// cache of a prompt per slot (llama.cpp's) is full when every slot holds a
-// prompt, however few of its tokens they fill.
+// the queue at its holder costs more than a cold prefill plus the room,
+// and by more than the copy margin (copyRoom). A cache of a prompt per
+// slot (llama.cpp's) is full when every slot holds a prompt, however few
+// of its tokens they fill.
 //
 // others also counts the recompute of what the engine preempts when the
 // request's blocks do not fit beside the running requests' (preempted).
@@ -151,6 +153,9 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 
 	c.prefill = c.uncached * mdl.PerUncachedToken()
 	c.prefixes = e.Prefixes() + local.PendingPrefixes
+	added := float64(j.blocks - int(mt.Blocks))
+	// A block another endpoint already holds is a copy.
+	copied := min(added, float64(max(pool-mt.Blocks, 0)))
 	c.fill = -1
 	if capacity := float64(e.IndexCapacity()); capacity > 0 {
 		c.capacity = capacity
@@ -162,13 +167,10 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 		// fuller than another for half a second in every warm-up.
 		held := float64(e.IndexBlocks())
 		c.fill = (held + float64(local.Pending)) / capacity
-		added := float64(j.blocks - int(mt.Blocks))
-		// A block another endpoint already holds is a copy: the pool's
-		// room for it is spent twice, so it is priced as the eviction it
-		// will cause once the caches fill, however empty they are now.
-		copied := min(added, float64(max(pool-mt.Blocks, 0)))
 		// Each new block evicts with the odds of a full cache, and surely
 		// once the cache overflows; never more than the blocks it adds.
+		// A copy spends the pool's room twice, so its blocks evict
+		// surely, however empty the caches are now.
 		full := min(held/capacity, 1)
 		if c.slots > 0 {
 			// A cache of a prompt per slot is full when every slot holds
@@ -198,7 +200,24 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	}
 	c.others += recompute
 	c.price += cfg.OthersWeight*c.others + cfg.EvictionWeight*c.evict
+	if copied > 0 {
+		c.margin = min(copyRoom*c.price, copied*j.blockTokens*mdl.PerUncachedToken())
+		c.price += c.margin
+	}
 }
+
+// copyRoom is the share of its price by which a copy must undercut the
+// endpoints holding more of the prompt: about the latency model's median
+// error at steady load, as sloRoom. A copy outlasts the moment that priced
+// it: it draws its prefix's traffic from then on. In a b2b-saas warm-up a
+// holder prefilling another group's first request priced 6% above an idle
+// engine, which took a copy; the copy then counted as a share of a prefix
+// there, the sixteenth group went to the holder, and one engine served
+// five groups' traffic and another three for the whole run (knee 56
+// req/s, against 72 in runs without the copy). The margin is never more
+// than the copied blocks' prefill, so a copy of a few blocks (a short
+// system prompt) still follows the load.
+const copyRoom = sloRoom
 
 // decodeHorizon is how many of a request's output tokens ModeAuto prices
 // the decoding of: about one chat answer (DefaultOutputTokens' default),
@@ -248,7 +267,7 @@ func (c *cand) terms(slot int) Terms {
 	return Terms{
 		Endpoint: slot, CachedTokens: int(c.cached), UncachedTokens: int(c.uncached + 0.5),
 		Backlog: int(c.f.Backlog), Running: int(c.f.Running), Waiting: int(c.f.Waiting), Wait: seconds(c.f.Wait),
-		TTFT: seconds(c.ttft), ITL: seconds(c.itl), Others: seconds(c.others), Eviction: seconds(c.evict), Price: seconds(c.price),
+		TTFT: seconds(c.ttft), ITL: seconds(c.itl), Others: seconds(c.others), Eviction: seconds(c.evict), CopyMargin: seconds(c.margin), Price: seconds(c.price),
 		Prefixes: c.prefixes, FillPercent: fillPercent(c.fill),
 	}
 }
