@@ -209,12 +209,14 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 // copyRoom is the share of its price by which a copy must undercut the
 // endpoints holding more of the prompt: about the latency model's median
 // error at steady load, as sloRoom. A copy outlasts the moment that priced
-// it: it draws its prefix's traffic from then on. In a b2b-saas warm-up a
-// holder prefilling another group's first request priced 6% above an idle
-// engine, which took a copy; the copy then counted as a share of a prefix
-// there, the sixteenth group went to the holder, and one engine served
-// five groups' traffic and another three for the whole run (knee 56
-// req/s, against 72 in runs without the copy). The margin is never more
+// it: it draws its prefix's traffic from then on. In b2b-saas warm-ups a
+// holder prefilling another group's first request priced 6-8% above an
+// idle engine, which took a copy; in one run the sixteenth group then went
+// to the holder (five groups' traffic on one engine, three on another,
+// knee 56 req/s against 72), in another the copied group's traffic split
+// for good (engines 10% apart, TTFT p99 5 s at 64 req/s against 0.3 s).
+// The price of it: on mixed, whose warm-up copies balance groups with
+// heavy-tailed answers, a few percent of goodput. The margin is never more
 // than the copied blocks' prefill, so a copy of a few blocks (a short
 // system prompt) still follows the load.
 const copyRoom = sloRoom
