@@ -69,7 +69,7 @@ func arrivalTrace(rate float64, n int, seed uint64, bursty bool) []byte {
 
 // traceSeed is the trace's seed for stage i (-1: the warm-up): the same
 // for every arm.
-func traceSeed(i int) uint64 { return 42 + uint64(i) }
+func (w *Workload) traceSeed(i int) uint64 { return w.seed() + uint64(i) }
 
 // traceRequests is how many requests inference-perf sends in a stage of
 // rate and seconds: it sends int(rate × duration) and takes their times

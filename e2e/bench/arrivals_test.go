@@ -23,11 +23,12 @@ func TestArrivalTrace(t *testing.T) {
 		{"bursty", 20, 4000, true, 0.72, 0.78},
 		{"steady", 24, 2400, false, 0.27, 0.33},
 	} {
-		trace := arrivalTrace(tc.rate, tc.n, traceSeed(0), tc.bursty)
-		if !bytes.Equal(trace, arrivalTrace(tc.rate, tc.n, traceSeed(0), tc.bursty)) {
+		w := &Workload{}
+		trace := arrivalTrace(tc.rate, tc.n, w.traceSeed(0), tc.bursty)
+		if !bytes.Equal(trace, arrivalTrace(tc.rate, tc.n, w.traceSeed(0), tc.bursty)) {
 			t.Fatalf("%s: the same seed gave another trace: arms would not see the same arrivals", tc.name)
 		}
-		if bytes.Equal(trace, arrivalTrace(tc.rate, tc.n, traceSeed(1), tc.bursty)) {
+		if bytes.Equal(trace, arrivalTrace(tc.rate, tc.n, w.traceSeed(1), tc.bursty)) {
 			t.Errorf("%s: stages share one trace", tc.name)
 		}
 		lines := strings.Split(strings.TrimSpace(string(trace)), "\n")

@@ -56,6 +56,21 @@ type Workload struct {
 	// fraction, a mixed stream) and run only when named: the default run
 	// must fit in 75 minutes.
 	Extended bool
+	// Seed seeds the generated prompts, their lengths and the arrival
+	// traces; 0 is defaultSeed. One seed is one trace, whose last requests
+	// end a stage on whichever engines their groups landed on, so a few
+	// percent of tokens/s between two sticky routers can be the trace's.
+	Seed uint64
+}
+
+// defaultSeed is the seed of every committed run.
+const defaultSeed = 42
+
+func (w *Workload) seed() uint64 {
+	if w.Seed == 0 {
+		return defaultSeed
+	}
+	return w.Seed
 }
 
 // warmups is how many unreported runs come before the ladder.
@@ -119,9 +134,9 @@ func (w *Workload) replayed(i int) bool {
 // ladder's bursts).
 func (w *Workload) arrivals(i, stageSeconds int) []byte {
 	if i < 0 {
-		return arrivalTrace(w.WarmupRate, traceRequests(w.WarmupRate, w.WarmupSeconds), traceSeed(i), false)
+		return arrivalTrace(w.WarmupRate, traceRequests(w.WarmupRate, w.WarmupSeconds), w.traceSeed(i), false)
 	}
-	return arrivalTrace(w.Rates[i], traceRequests(w.Rates[i], stageSeconds), traceSeed(i), w.Bursty)
+	return arrivalTrace(w.Rates[i], traceRequests(w.Rates[i], stageSeconds), w.traceSeed(i), w.Bursty)
 }
 
 // clientWorkers is how many processes inference-perf sends from.
@@ -168,7 +183,7 @@ func (w *Workload) config(model, baseURL, tokenizer, out, tracePath string, i, s
 	}
 	return map[string]any{
 		"api":  api,
-		"data": w.Data,
+		"data": w.data(),
 		"load": load,
 		"server": map[string]any{
 			"type": "vllm", "model_name": model, "base_url": baseURL, "ignore_eos": true,
@@ -179,12 +194,31 @@ func (w *Workload) config(model, baseURL, tokenizer, out, tracePath string, i, s
 	}
 }
 
+// data is the workload's data section with its seed.
+func (w *Workload) data() map[string]any {
+	gen, ok := w.Data["shared_prefix"].(map[string]any)
+	if !ok || w.seed() == defaultSeed {
+		return w.Data
+	}
+	seeded := map[string]any{}
+	for k, v := range gen {
+		seeded[k] = v
+	}
+	seeded["seed"] = int(w.seed())
+	out := map[string]any{}
+	for k, v := range w.Data {
+		out[k] = v
+	}
+	out["shared_prefix"] = seeded
+	return out
+}
+
 // sharedPrefix is inference-perf's shared_prefix generator.
 func sharedPrefix(groups, perGroup, system int, question, output any, multiTurn bool) map[string]any {
 	return map[string]any{"type": "shared_prefix", "shared_prefix": map[string]any{
 		"num_groups": groups, "num_prompts_per_group": perGroup,
 		"system_prompt_len": system, "question_len": question, "output_len": output,
-		"seed": 42, "enable_multi_turn_chat": multiTurn,
+		"seed": defaultSeed, "enable_multi_turn_chat": multiTurn,
 	}}
 }
 

@@ -57,3 +57,34 @@ func TestWarmupIsReplayed(t *testing.T) {
 		t.Fatal("no workload has a warm-up")
 	}
 }
+
+// TestSeed checks that a workload's seed changes both what inference-perf
+// generates and when it sends it, and that the default seed leaves the
+// committed runs' configuration as it was.
+func TestSeed(t *testing.T) {
+	const stageSeconds = 15
+	w, err := WorkloadByName("b2b-saas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataSeed := func(w *Workload) any {
+		data := w.config(Model, "http://127.0.0.1:1", "tok", "out", "trace.csv", 0, stageSeconds)["data"].(map[string]any)
+		return data["shared_prefix"].(map[string]any)["seed"]
+	}
+	other := *w
+	other.Seed = 7
+	if got := dataSeed(w); got != defaultSeed {
+		t.Errorf("default data seed %v, want %d", got, defaultSeed)
+	}
+	if got := dataSeed(&other); got != 7 {
+		t.Errorf("seed 7: data seed %v, want 7", got)
+	}
+	if got := w.Data["shared_prefix"].(map[string]any)["seed"]; got != defaultSeed {
+		t.Errorf("seeding a copy changed the workload's own data seed to %v", got)
+	}
+	for _, i := range []int{-1, 0} {
+		if bytes.Equal(w.arrivals(i, stageSeconds), other.arrivals(i, stageSeconds)) {
+			t.Errorf("stage %d: seed 7 replays the default seed's trace", i)
+		}
+	}
+}

@@ -30,6 +30,7 @@ func main() {
 		arms         = flag.String("arms", "", "comma-separated arms for every workload (default: each workload's own; every arm on b2b-saas)")
 		quick        = flag.Bool("quick", false, "a reduced ladder: b2b-saas with round robin, kvroute precise and sglang-router")
 		rates        = flag.String("rates", "", "comma-separated Poisson rates replacing every selected workload's ladder")
+		seed         = flag.Uint64("seed", 0, "seed of the prompts and arrival traces (default: the committed runs' 42)")
 		stageSeconds = flag.Int("stage-seconds", 15, "seconds per Poisson stage")
 		engines      = flag.Int("engines", 4, "simulated engines")
 		accelerator  = flag.String("accelerator", bench.DefaultAccelerator, "the engines' cost model: a100 or h100 (Qwen3-32B, TP=2)")
@@ -60,6 +61,13 @@ func main() {
 	o, err := options(*out, *workloads, *arms, *quick, *venvs, *tokenizer, *cachesync, *wasm)
 	if err == nil && *rates != "" {
 		err = setRates(o.Workloads, *rates)
+	}
+	if *seed != 0 {
+		for i, w := range o.Workloads {
+			c := *w
+			c.Seed = *seed
+			o.Workloads[i] = &c
+		}
 	}
 	if err == nil {
 		o.StageSeconds = *stageSeconds
