@@ -377,6 +377,7 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 	}
 	job.most = mostCached(cands)
 	placeNew(cands, &job)
+	placeCopies(cands, &job)
 	pick, runner, meets := p.choose(cands, &job, r.Random)
 	c := &cands[pick]
 	d.Endpoint, d.MeetsSLO = pick, meets

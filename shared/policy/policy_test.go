@@ -32,8 +32,11 @@ func healthy(load int) snapshot.EndpointInfo {
 	return snapshot.EndpointInfo{Models: []string{model}, Health: snapshot.HealthHealthy, PrefillTokens: load, PrefillRate: second}
 }
 
-func warm(load, blocks int) ep { return ep{info: healthy(load), blocks: blocks, gpu: blocks} }
-func cold(load int) ep         { return ep{info: healthy(load)} }
+// warm holds blocks of the prompt, and so draws its traffic: one prefix.
+func warm(load, blocks int) ep {
+	return ep{info: healthy(load), blocks: blocks, gpu: blocks, prefixes: 1}
+}
+func cold(load int) ep { return ep{info: healthy(load)} }
 
 // fixture publishes a snapshot of eps through the real transport path and
 // returns a view of it and the prompt's hashes.
@@ -200,7 +203,7 @@ func TestPick(t *testing.T) {
 		{
 			name: "priced selfishly (others weight 0), it leaves for a smaller batch the cold prefill would stall",
 			cfg:  func(c *Config) { c.OthersWeight = 0 },
-			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 10)}},
+			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5, prefixes: 1}, {info: withRunning(healthy(0), 10)}},
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
@@ -280,12 +283,33 @@ func TestPick(t *testing.T) {
 		},
 		{
 			name: "a copy is made when the holder's queue outprices the room too",
-			eps:  []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10}, {info: withCapacity(healthy(0), 100000)}},
+			eps:  []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 1}, {info: withCapacity(healthy(0), 100000)}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
+			// The copy would draw a share of the prefix's traffic to an
+			// endpoint that draws as much as the holder already: it
+			// must save this request more than its own prefill.
+			name: "not to an endpoint drawing as many prefixes, while the holder's queue costs less than a second copy",
+			eps: []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
+				{info: withCapacity(healthy(0), 100000), prefixes: 4}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			name: "to an endpoint drawing as many prefixes once the holder's queue costs more",
+			eps: []ep{{info: withCapacity(healthy(5*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
+				{info: withCapacity(healthy(0), 100000), prefixes: 4}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
+			name: "to an endpoint drawing fewer prefixes, as soon as the price says so",
+			eps: []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
+				{info: withCapacity(healthy(0), 100000), prefixes: 3}},
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
 			name: "a copy is made while the running requests leave its blocks room",
-			eps: []ep{{info: withCapacity(withRunning(healthy(6*second), 2), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10},
+			eps: []ep{{info: withCapacity(withRunning(healthy(6*second), 2), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 1},
 				{info: withUsage(withCapacity(withRunning(healthy(0), 2), 100000), 0.5)}},
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
@@ -300,7 +324,7 @@ func TestPick(t *testing.T) {
 		},
 		{
 			name: "a stale snapshot's KV usage is not read",
-			eps: []ep{{info: withCapacity(healthy(0), 100000), blocks: promptBlocks, gpu: promptBlocks},
+			eps: []ep{{info: withCapacity(healthy(0), 100000), blocks: promptBlocks, gpu: promptBlocks, prefixes: 1},
 				{info: withUsage(withCapacity(healthy(0), 100000), 1)}},
 			req:  Request{Stale: true, Local: []Local{{PrefillTokens: 20 * second}, {Requests: 6}}},
 			want: []int{1}, reason: ReasonSaturatedRelease,

@@ -63,12 +63,13 @@ type cand struct {
 	others   float64 // seconds its work adds to the requests sharing the endpoint
 	evict    float64 // seconds of future prefill its eviction costs
 	margin   float64 // seconds a copy must undercut the holders by (copyRoom)
+	copying  float64 // seconds its copied blocks take to prefill there; 0 when it copies none
 	price    float64 // what the choice minimises, seconds
 	prefill  float64 // seconds its own uncached tokens take to prefill there
 	fill     float64 // its cache's fill, pending prefills included; -1 unknown
 	capacity float64 // its cache's blocks
 	prefixes int     // the prefixes its cache draws traffic with, pending ones included
-	roomy    bool    // passed placeNew's test (all eligible do, unless the prompt is new to the pool)
+	roomy    bool    // passed placeNew's and placeCopies' tests
 	// slots and slotsHeld: an engine whose cache is a prompt per slot
 	// (snapshot.EngineSlot), how many it has and how many hold a prompt;
 	// slots 0 for any other.
@@ -201,7 +202,8 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	c.others += recompute
 	c.price += cfg.OthersWeight*c.others + cfg.EvictionWeight*c.evict
 	if copied > 0 {
-		c.margin = min(copyRoom*c.price, copied*j.blockTokens*mdl.PerUncachedToken())
+		c.copying = copied * j.blockTokens * mdl.PerUncachedToken()
+		c.margin = min(copyRoom*c.price, c.copying)
 		c.price += c.margin
 	}
 }
