@@ -65,7 +65,12 @@
 // among those whose predicted time to first token is within one cold
 // prefill of the quickest, and the price picks among them. Prefixes then
 // spread evenly over the caches whatever order they arrive in, not after
-// the momentary idleness the next arrival reshuffles.
+// the momentary idleness the next arrival reshuffles. A prompt the pool
+// holds is a placement too when it goes elsewhere: the copy then draws a
+// share of its prefix's traffic. So an endpoint drawing as many prefixes
+// as a holder (the snapshot's count) may copy more than a few blocks only
+// once that holder is priced past it by the copy's own prefill; one
+// drawing fewer, as the price says.
 //
 // With an SLO (Config.SLOTTFT, Config.SLOTPOT, or per request) the choice
 // is the best-cached endpoint predicted to meet it, the cheapest of those;
