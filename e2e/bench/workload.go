@@ -56,10 +56,12 @@ type Workload struct {
 	// fraction, a mixed stream) and run only when named: the default run
 	// must fit in 75 minutes.
 	Extended bool
-	// Seed seeds the generated prompts, their lengths and the arrival
-	// traces; 0 is defaultSeed. One seed is one trace, whose last requests
-	// end a stage on whichever engines their groups landed on, so a few
-	// percent of tokens/s between two sticky routers can be the trace's.
+	// Seed seeds the generated prompts, their answers' lengths and the
+	// arrival traces; 0 is defaultSeed. Each prompt's answer length is
+	// fixed by it, so it decides which groups answer longest, and two
+	// routers that place the groups evenly but differently can differ by
+	// a few percent of tokens/s on one seed: the engine with the longest
+	// answers ends the stage.
 	Seed uint64
 }
 

@@ -79,12 +79,13 @@ func placeNew(cands []cand, j *job) {
 // decoding there that minute) passes within seconds.
 //
 // So while a holder that draws no more than the copier is priced within
-// the copy's own prefill of the copier (whose price already pays for
-// the copy), the copier is passed over: the copy must save this request
-// more than it spends. A holder past that is saturated, and a copier drawing fewer
-// prefixes than every such holder evens the pool out; both copy as
-// before. Copies of a few blocks (those the copy margin's cap bounds)
-// follow the load as before: they move little.
+// the copy's own prefill of the copier (whose price already pays for the
+// copy) and meets the request's SLOs, the copier is passed over: the copy
+// must save this request more than it spends. A holder past that is
+// saturated (a stated SLO is the operator's word for it), and a copier
+// drawing fewer prefixes than every such holder evens the pool out; both
+// copy as before. Copies of a few blocks (those the copy margin's cap
+// bounds) follow the load as before: they move little.
 func placeCopies(cands []cand, j *job) {
 	if j.most < j.blockTokens {
 		return
@@ -96,7 +97,8 @@ func placeCopies(cands []cand, j *job) {
 		}
 		for k := range cands {
 			h := &cands[k]
-			if h.eligible && h.cached >= j.most-j.blockTokens && h.prefixes <= c.prefixes && h.price <= c.price+c.copying {
+			if h.eligible && h.cached >= j.most-j.blockTokens && h.prefixes <= c.prefixes &&
+				h.price <= c.price+c.copying && h.meets(j, 0) {
 				c.roomy = false
 				break
 			}

@@ -302,6 +302,13 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
+			name: "to an endpoint drawing as many prefixes when the holder misses the SLO and it meets it",
+			cfg:  func(c *Config) { c.SLOTTFT = 2500 * time.Millisecond },
+			eps: []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
+				{info: withCapacity(healthy(0), 100000), prefixes: 4}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
 			name: "to an endpoint drawing fewer prefixes, as soon as the price says so",
 			eps: []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
 				{info: withCapacity(healthy(0), 100000), prefixes: 3}},
