@@ -6,8 +6,9 @@ import (
 	"slices"
 )
 
-// choose picks among the candidates placeNew left roomy. Without SLOs: the least
-// price, near ties (within Config.TieTolerance) broken by random. With SLOs:
+// choose picks among the candidates placeNew and placeCopies left roomy.
+// Without SLOs: the least price, near ties (within Config.TieTolerance)
+// broken by random among those holding the most of the prompt. With SLOs:
 // of the candidates predicted to meet them, the best cached (within a
 // block), by least price among those; if none meets them, the least price
 // (meets false). An endpoint holding less of the prompt than the most any
@@ -33,7 +34,7 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 				c := &cands[i]
 				c.sel = c.sel && c.cached >= best-j.blockTokens
 			}
-			pick = least(cands, tol, random)
+			pick = least(cands, tol, j.blockTokens, random)
 		}
 		if pick < 0 {
 			// Kept at its holder for want of room to spare, a request
@@ -52,7 +53,7 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 		for i := range cands {
 			cands[i].sel = cands[i].roomy
 		}
-		pick = least(cands, tol, random)
+		pick = least(cands, tol, j.blockTokens, random)
 	}
 	runner = -1
 	for i := range cands {
@@ -73,10 +74,14 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 const sloRoom = 0.1
 
 // least returns the selected candidate with the least price, picking
-// uniformly at random among those within tol of it; -1 if none is
-// selected. Selection is a field, not a predicate: an indirect call per
-// candidate is dear in Go's Wasm code.
-func least(cands []cand, tol float64, random uint64) int {
+// uniformly at random among those within tol of it that hold the most of
+// the prompt of those (within block tokens); -1 if none is selected. The
+// tolerance spreads simultaneous first requests of different prefixes; it
+// must not make a copy on a coin toss: in a b2b-saas warm-up an idle
+// engine priced 2 ms above the holder, margin and all, won the toss and
+// split a group for the rest of the run. Selection is a field, not a
+// predicate: an indirect call per candidate is dear in Go's Wasm code.
+func least(cands []cand, tol, block float64, random uint64) int {
 	best := math.Inf(1)
 	for i := range cands {
 		if c := &cands[i]; c.sel && c.price < best {
@@ -87,15 +92,22 @@ func least(cands []cand, tol float64, random uint64) int {
 		return -1
 	}
 	limit := best + tol*(1+1e-9)
-	ties := 0
+	most := -1.0
 	for i := range cands {
 		if c := &cands[i]; c.sel && c.price <= limit {
+			most = max(most, c.cached)
+		}
+	}
+	floor := most - block
+	ties := 0
+	for i := range cands {
+		if c := &cands[i]; c.sel && c.price <= limit && c.cached >= floor {
 			ties++
 		}
 	}
 	k, _ := bits.Mul64(mix(random), uint64(ties))
 	for i := range cands {
-		if c := &cands[i]; c.sel && c.price <= limit {
+		if c := &cands[i]; c.sel && c.price <= limit && c.cached >= floor {
 			if k == 0 {
 				return i
 			}

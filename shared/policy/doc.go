@@ -81,7 +81,8 @@
 // SLOs with a tenth to spare, the model's usual error, or predictions a
 // hair either side of an SLO would trade a holder for a dear copy.
 // Prices within Config.TieTolerance tie, and ties are broken at random so
-// that gateways sharing a snapshot spread simultaneous requests.
+// that gateways sharing a snapshot spread simultaneous requests, among the
+// tied endpoints holding the most of the prompt: a tie makes no copy.
 //
 // # Reasons
 //

@@ -606,6 +606,26 @@ func TestPlacementEvenByPrefixes(t *testing.T) {
 }
 
 // TestTies: equal prices are spread at random, different ones never.
+// TestTiesKeepTheCache: a copier priced within the tie tolerance of a
+// holder never wins the toss (it would split the prefix's traffic for
+// good); holders of as much of the prompt (within a block) still share it.
+func TestTiesKeepTheCache(t *testing.T) {
+	const tol, block = 0.005, 16
+	cands := []cand{
+		{sel: true, price: 2.721, cached: 9000},
+		{sel: true, price: 2.723, cached: 0},
+		{sel: true, price: 2.7215, cached: 8990},
+		{sel: true, price: 2.9, cached: 9000},
+	}
+	seen := map[int]int{}
+	for i := range 300 {
+		seen[least(cands, tol, block, uint64(i)*0x9e3779b97f4a7c15)]++
+	}
+	if seen[1] != 0 || seen[3] != 0 || seen[0] < 60 || seen[2] < 60 {
+		t.Errorf("choices %v: want the two holders within the tolerance, about evenly, never the copier or the dear holder", seen)
+	}
+}
+
 func TestTies(t *testing.T) {
 	v, hashes := fixture(t, []ep{cold(0), cold(0), cold(0), cold(second)})
 	p := picker(t, nil)
