@@ -90,9 +90,33 @@ func placeCopies(cands []cand, j *job) {
 	if j.most < j.blockTokens {
 		return
 	}
+	// The holders that may keep a copier waiting: a prompt's deepest
+	// holders are few, so each copier is checked against them alone, not
+	// against the whole pool (a loop over the pool per copier cost
+	// quadratic time in large pools).
+	var near [16]int32
+	holders := near[:0]
+	for k := range cands {
+		if h := &cands[k]; h.eligible && h.cached >= j.most-j.blockTokens && h.meets(j, 0) {
+			if len(holders) == len(near) {
+				holders = nil // more than near holds: check against the pool
+				break
+			}
+			holders = append(holders, int32(k))
+		}
+	}
 	for i := range cands {
 		c := &cands[i]
 		if !c.roomy || c.copying <= c.margin {
+			continue
+		}
+		if holders != nil {
+			for _, k := range holders {
+				if h := &cands[k]; h.prefixes <= c.prefixes && h.price <= c.price+c.copying {
+					c.roomy = false
+					break
+				}
+			}
 			continue
 		}
 		for k := range cands {
