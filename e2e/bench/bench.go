@@ -176,9 +176,14 @@ type Stage struct {
 	PerEngine []int   `json:"requests_per_engine"`
 	// PrefilledPerEngine is the prompt tokens each engine computed (not
 	// served from its cache).
-	PrefilledPerEngine []int   `json:"prompt_tokens_prefilled_per_engine,omitempty"`
-	Prefilled          float64 `json:"prompt_tokens_prefilled"`
-	Preemptions        float64 `json:"preemptions"`
+	PrefilledPerEngine []int `json:"prompt_tokens_prefilled_per_engine,omitempty"`
+	// OutputPerEngine is the output tokens each engine generated. With the
+	// requests spread evenly, the engine with the most to decode answers
+	// last, and inference-perf divides a stage's tokens by the span to its
+	// last answer.
+	OutputPerEngine []int   `json:"output_tokens_per_engine,omitempty"`
+	Prefilled       float64 `json:"prompt_tokens_prefilled"`
+	Preemptions     float64 `json:"preemptions"`
 	// Goodput is the requests per second meeting the workload's goodput
 	// SLOs, GoodShare their share of the answered requests (inference-perf's
 	// goodput report); both 0 without Workload.Goodput.
@@ -429,6 +434,7 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 					st.PerEngine = append(st.PerEngine, int(math.Round(d.success)))
 				}
 				st.PrefilledPerEngine = append(st.PrefilledPerEngine, int(math.Round(d.queries-d.hits)))
+				st.OutputPerEngine = append(st.OutputPerEngine, int(math.Round(d.generation)))
 				sum.hits += d.hits
 				sum.queries += d.queries
 				sum.prompt += d.prompt

@@ -424,6 +424,9 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 		}
 		return fmt.Sprintf("%.1f%%, %s", 100*s.HitRate, strings.Join(pe, "/"))
 	})
+	if hasOutputPerEngine(w) {
+		table("Output tokens per engine (engines' metrics), and the most over their mean: a stage's tokens/s are divided by its span to the last answer, and the engine with the most to decode tends to give it:", outputSpread)
+	}
 	p("| arm | knee | hit rate (all stages) | lag | wall | decisions | command |")
 	p("|---|---|---|---|---|---|---|")
 	for _, a := range w.Arms {
@@ -615,4 +618,37 @@ func writePlots(dir string, s *Summary) error {
 		}
 	}
 	return nil
+}
+
+// hasOutputPerEngine reports whether any stage of w counts each engine's
+// output tokens (runs before the bench did have none).
+func hasOutputPerEngine(w *WorkloadResult) bool {
+	for _, a := range w.Arms {
+		for _, s := range a.Stages {
+			if len(s.OutputPerEngine) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// outputSpread renders a stage's output tokens per engine and how far the
+// most is above their mean.
+func outputSpread(s *Stage) string {
+	if len(s.OutputPerEngine) == 0 {
+		return ""
+	}
+	var parts []string
+	sum, most := 0, 0
+	for _, n := range s.OutputPerEngine {
+		parts = append(parts, strconv.Itoa(n))
+		sum += n
+		most = max(most, n)
+	}
+	if sum == 0 {
+		return strings.Join(parts, "/")
+	}
+	mean := float64(sum) / float64(len(s.OutputPerEngine))
+	return fmt.Sprintf("%s, +%.0f%%", strings.Join(parts, "/"), 100*(float64(most)/mean-1))
 }

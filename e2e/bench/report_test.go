@@ -178,3 +178,38 @@ func TestMerge(t *testing.T) {
 		t.Error("merged a run on other engines")
 	}
 }
+
+func TestOutputSpread(t *testing.T) {
+	for _, tc := range []struct {
+		per  []int
+		want string
+	}{
+		{nil, ""},
+		{[]int{0, 0}, "0/0"},
+		{[]int{100, 100, 100, 100}, "100/100/100/100, +0%"},
+		{[]int{29192, 30346, 29900, 32308}, "29192/30346/29900/32308, +6%"},
+	} {
+		if got := outputSpread(&Stage{OutputPerEngine: tc.per}); got != tc.want {
+			t.Errorf("outputSpread(%v) = %q, want %q", tc.per, got, tc.want)
+		}
+	}
+}
+
+// An older summary has no output tokens per engine: its report gains no
+// empty table, and a newer one shows each stage's.
+func TestRenderOutputPerEngine(t *testing.T) {
+	const title = "Output tokens per engine"
+	for _, per := range [][]int{nil, {900, 1100}} {
+		a := ladder(headlineArm, []float64{8}, []float64{0.2})
+		a.Stages[0].OutputPerEngine = per
+		var b strings.Builder
+		workloadSection(&b, &WorkloadResult{Name: "b2b-saas", SLOSeconds: 2, Arms: []ArmResult{a}})
+		got := b.String()
+		if has := strings.Contains(got, title); has != (per != nil) {
+			t.Errorf("with %v per engine, the report has the table: %v\n%s", per, has, got)
+		}
+		if per != nil && !strings.Contains(got, "| kvroute-precise | 900/1100, +10% |") {
+			t.Errorf("the table lacks the stage's spread:\n%s", got)
+		}
+	}
+}
