@@ -68,9 +68,9 @@
 // the momentary idleness the next arrival reshuffles. A prompt the pool
 // holds is a placement too when it goes elsewhere: the copy then draws a
 // share of its prefix's traffic. So an endpoint drawing as many prefixes
-// as a holder (the snapshot's count) may copy more than a few blocks only
-// once that holder is priced past it by the copy's own prefill; one
-// drawing fewer, as the price says.
+// as a holder (the snapshot's count), or one fewer, may copy more than a
+// few blocks only once that holder is priced past it by the copy's own
+// prefill; one drawing two fewer, or none, as the price says.
 //
 // With an SLO (Config.SLOTTFT, Config.SLOTPOT, or per request) the choice
 // is the best-cached endpoint predicted to meet it, the cheapest of those;

@@ -78,14 +78,25 @@ func placeNew(cands []cand, j *job) {
 // copy). What made the holder dear (a prefill ahead of it, the requests
 // decoding there that minute) passes within seconds.
 //
-// So while a holder that draws no more than the copier is priced within
-// the copy's own prefill of the copier (whose price already pays for the
-// copy) and meets the request's SLOs, the copier is passed over: the copy
-// must save this request more than it spends. A holder past that is
-// saturated (a stated SLO is the operator's word for it), and a copier
-// drawing fewer prefixes than every such holder evens the pool out; both
-// copy as before. Copies of a few blocks (those the copy margin's cap
-// bounds) follow the load as before: they move little.
+// A copier one prefix short of the holder gains nothing either: with a
+// share of the prefix it draws about as much as the holder, and in a
+// warm-up the prefix it is short is the room for a group not seen yet.
+// In another b2b-saas warm-up an engine of three groups copied a fourth
+// engine's group, priced 10 ms below it; half a second later the
+// sixteenth group's first request found it busy with the copy and went to
+// an engine of four (the knee fell from 64 req/s to below 40). An
+// endpoint drawing nothing is the exception: it is idle capacity, and
+// its copy is how a hot prefix spills.
+//
+// So while a holder that draws no more than one prefix above the copier
+// (or no more than an idle copier) is priced within the copy's own
+// prefill of the copier (whose price already pays for the copy) and meets
+// the request's SLOs, the copier is passed over: the copy must save this
+// request more than it spends. A holder past that is saturated (a stated
+// SLO is the operator's word for it), and a copier drawing two prefixes
+// fewer than every such holder evens the pool out; both copy as before.
+// Copies of a few blocks (those the copy margin's cap bounds) follow the
+// load as before: they move little.
 func placeCopies(cands []cand, j *job) {
 	if j.most < j.blockTokens {
 		return
@@ -110,9 +121,14 @@ func placeCopies(cands []cand, j *job) {
 		if !c.roomy || c.copying <= c.margin {
 			continue
 		}
+		// The most a holder may draw and still keep c waiting.
+		room := c.prefixes
+		if room > 0 {
+			room++
+		}
 		if holders != nil {
 			for _, k := range holders {
-				if h := &cands[k]; h.prefixes <= c.prefixes && h.price <= c.price+c.copying {
+				if h := &cands[k]; h.prefixes <= room && h.price <= c.price+c.copying {
 					c.roomy = false
 					break
 				}
@@ -121,7 +137,7 @@ func placeCopies(cands []cand, j *job) {
 		}
 		for k := range cands {
 			h := &cands[k]
-			if h.eligible && h.cached >= j.most-j.blockTokens && h.prefixes <= c.prefixes &&
+			if h.eligible && h.cached >= j.most-j.blockTokens && h.prefixes <= room &&
 				h.price <= c.price+c.copying && h.meets(j, 0) {
 				c.roomy = false
 				break

@@ -309,9 +309,18 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
-			name: "to an endpoint drawing fewer prefixes, as soon as the price says so",
+			// With a share of the prefix it would draw as much as the
+			// holder: the copy evens nothing out, and in a warm-up the
+			// prefix it is short is the room for a group not seen yet.
+			name: "not to an endpoint drawing one prefix fewer, while the holder's queue costs less than a second copy",
 			eps: []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
 				{info: withCapacity(healthy(0), 100000), prefixes: 3}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			name: "to an endpoint drawing two prefixes fewer, as soon as the price says so",
+			eps: []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
+				{info: withCapacity(healthy(0), 100000), prefixes: 2}},
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
