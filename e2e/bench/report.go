@@ -621,7 +621,7 @@ func writePlots(dir string, s *Summary) error {
 }
 
 // hasOutputPerEngine reports whether any stage of w counts each engine's
-// output tokens (runs before the bench did have none).
+// output tokens (runs from before the bench counted them have none).
 func hasOutputPerEngine(w *WorkloadResult) bool {
 	for _, a := range w.Arms {
 		for _, s := range a.Stages {
