@@ -108,7 +108,7 @@ func placeCopies(cands []cand, j *job) {
 	var near [16]int32
 	holders := near[:0]
 	for k := range cands {
-		if h := &cands[k]; h.eligible && h.cached >= j.most-j.blockTokens && h.meets(j, 0) {
+		if cands[k].keepsCopiers(j) {
 			if len(holders) == len(near) {
 				holders = nil // more than near holds: check against the pool
 				break
@@ -128,7 +128,7 @@ func placeCopies(cands []cand, j *job) {
 		}
 		if holders != nil {
 			for _, k := range holders {
-				if h := &cands[k]; h.prefixes <= room && h.price <= c.price+c.copying {
+				if cands[k].outwaits(c, room) {
 					c.roomy = false
 					break
 				}
@@ -136,12 +136,23 @@ func placeCopies(cands []cand, j *job) {
 			continue
 		}
 		for k := range cands {
-			h := &cands[k]
-			if h.eligible && h.cached >= j.most-j.blockTokens && h.prefixes <= room &&
-				h.price <= c.price+c.copying && h.meets(j, 0) {
+			if h := &cands[k]; h.outwaits(c, room) && h.keepsCopiers(j) {
 				c.roomy = false
 				break
 			}
 		}
 	}
+}
+
+// keepsCopiers reports whether h holds the most of the prompt any
+// endpoint does (within a block) and meets the request's SLOs: a holder
+// that may keep a copier waiting.
+func (h *cand) keepsCopiers(j *job) bool {
+	return h.eligible && h.cached >= j.most-j.blockTokens && h.meets(j, 0)
+}
+
+// outwaits reports whether h, drawing no more than room prefixes, is
+// priced within the copy's own prefill of copier c.
+func (h *cand) outwaits(c *cand, room int) bool {
+	return h.prefixes <= room && h.price <= c.price+c.copying
 }

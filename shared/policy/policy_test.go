@@ -614,7 +614,6 @@ func TestPlacementEvenByPrefixes(t *testing.T) {
 	}
 }
 
-// TestTies: equal prices are spread at random, different ones never.
 // TestTiesKeepTheCache: a copier priced within the tie tolerance of a
 // holder never wins the toss (it would split the prefix's traffic for
 // good); holders of as much of the prompt (within a block) still share it.
@@ -635,6 +634,7 @@ func TestTiesKeepTheCache(t *testing.T) {
 	}
 }
 
+// TestTies: equal prices are spread at random, different ones never.
 func TestTies(t *testing.T) {
 	v, hashes := fixture(t, []ep{cold(0), cold(0), cold(0), cold(second)})
 	p := picker(t, nil)
