@@ -67,13 +67,14 @@ type Summary struct {
 type Rerun struct {
 	Generated time.Time `json:"generated"`
 	Command   string    `json:"command"`
-	Arms      []string  `json:"arms"` // workload/arm
+	Arms      []string  `json:"arms"` // workload/arm, and "filter-cost" for the filter's cost
 }
 
 // Merge puts src's arms into s, replacing the arms of the same workload and
 // name, and records src's run. Every arm starts on fresh engines with the
 // same workload and seed, so arms of two runs compare as arms of one do;
-// both runs must have used the same engines and stages.
+// both runs must have used the same engines and stages. src's filter cost,
+// if it measured one, replaces s's: it is measured apart from the engines.
 func (s *Summary) Merge(src *Summary) error {
 	if src.Engines != s.Engines || src.StageSeconds != s.StageSeconds {
 		return fmt.Errorf("bench: cannot merge a run of engines %+v and %d s stages into one of %+v and %d s",
@@ -96,6 +97,10 @@ func (s *Summary) Merge(src *Summary) error {
 				dst.Arms = append(dst.Arms, a)
 			}
 		}
+	}
+	if src.FilterCost != nil {
+		s.FilterCost = src.FilterCost
+		r.Arms = append(r.Arms, "filter-cost")
 	}
 	s.Reruns = append(s.Reruns, r)
 	return nil

@@ -152,7 +152,8 @@ func TestMerge(t *testing.T) {
 	s := &Summary{Command: "first", Engines: engines, StageSeconds: 15, Workloads: []WorkloadResult{{Name: "b2b-saas", SLOSeconds: 2,
 		Arms: []ArmResult{ladder("envoy-round-robin", []float64{8}, []float64{9}), old}}}}
 	rerun := ladder(headlineArm, []float64{8, 16}, []float64{0.2, 0.3})
-	src := &Summary{Command: "second", Engines: engines, StageSeconds: 15, Workloads: []WorkloadResult{
+	s.FilterCost = &FilterCost{Rounds: 5}
+	src := &Summary{Command: "second", Engines: engines, StageSeconds: 15, FilterCost: &FilterCost{Rounds: 7}, Workloads: []WorkloadResult{
 		{Name: "b2b-saas", SLOSeconds: 2, Arms: []ArmResult{rerun}},
 		{Name: "hot-prefix", SLOSeconds: 2, Arms: []ArmResult{ladder("kvroute-sticky", []float64{4}, []float64{1})}},
 	}}
@@ -166,11 +167,19 @@ func TestMerge(t *testing.T) {
 	if len(s.Workloads) != 2 || s.Workloads[1].Name != "hot-prefix" || len(s.Workloads[1].Arms) != 1 {
 		t.Errorf("workloads after the merge: %+v; want hot-prefix added", s.Workloads)
 	}
-	if len(s.Reruns) != 1 || s.Reruns[0].Command != "second" || !slices.Equal(s.Reruns[0].Arms, []string{"b2b-saas/" + headlineArm, "hot-prefix/kvroute-sticky"}) {
+	if len(s.Reruns) != 1 || s.Reruns[0].Command != "second" || !slices.Equal(s.Reruns[0].Arms, []string{"b2b-saas/" + headlineArm, "hot-prefix/kvroute-sticky", "filter-cost"}) {
 		t.Errorf("reruns %+v", s.Reruns)
+	}
+	if s.FilterCost == nil || s.FilterCost.Rounds != 7 {
+		t.Errorf("filter cost after the merge: %+v; want the later run's (7 rounds)", s.FilterCost)
 	}
 	if !strings.Contains(markdown(s), "Re-run 0001-01-01 00:00 UTC by `second`") {
 		t.Errorf("the report does not say which arms were re-run:\n%s", markdown(s))
+	}
+	without := *src
+	without.FilterCost = nil
+	if err := s.Merge(&without); err != nil || s.FilterCost == nil || s.FilterCost.Rounds != 7 {
+		t.Errorf("a run without a filter cost merged: %v, filter cost %+v; want the earlier one kept", err, s.FilterCost)
 	}
 	other := *src
 	other.Engines.Accelerator = "h100"
