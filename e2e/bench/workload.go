@@ -300,8 +300,11 @@ var Workloads = []*Workload{
 			"and outputs (20-1,500, mean 300), arrivals in bursts of 2.5x the rate for 1.5 s of every 5 s",
 		Scaling: "prefill-heavy and decode-heavy requests in one stream, so the pool's bottleneck moves; inference-perf's shared_prefix draws " +
 			"one length distribution, so the mix is heavy-tailed rather than bimodal; it replays the bursts as a trace (trace_replay)",
-		Data:       sharedPrefix(16, 5, 2000, lognormal(100, 8000, 1500, 1500), lognormal(20, 1500, 300, 300), false),
-		Rates:      []float64{8, 16, 24, 32, 40},
+		Data: sharedPrefix(16, 5, 2000, lognormal(100, 8000, 1500, 1500), lognormal(20, 1500, 300, 300), false),
+		// Up to 64: at 40 req/s both fixed modes and auto still served
+		// every request within both SLOs, so a ladder ending there could
+		// not tell them apart.
+		Rates:      []float64{8, 16, 24, 32, 40, 48, 56, 64},
 		Bursty:     true,
 		SLO:        2 * time.Second,
 		Goodput:    map[string]float64{"ttft": 2, "tpot": 0.05},
