@@ -52,6 +52,10 @@ type pluginContext struct {
 // runtimeStatsEvery is how many streams pass between runtime-stat updates.
 const runtimeStatsEvery = 64
 
+// upstreamAddress is the property naming the endpoint that served a request,
+// after any retry.
+var upstreamAddress = proxywasm.PropertyKey("upstream", "address")
+
 func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	data, err := proxywasm.GetPluginConfiguration()
 	if err != nil && size > 0 {
@@ -415,7 +419,7 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 	var served []byte
 	if h.decided && (h.decision.outcome == routed || h.api == prompt.Responses) {
 		// Where a retry went is known only now, from Envoy.
-		if addr, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(addr) > 0 {
+		if addr, err := proxywasm.BorrowProperty(upstreamAddress); err == nil && len(addr) > 0 {
 			served = addr
 		}
 	}

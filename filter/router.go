@@ -146,6 +146,10 @@ type router struct {
 	// is the view's TemplatesID they were parsed from.
 	shipped   map[string]*prompt.Jinja
 	shippedID uint64
+	// addrs are the endpoint addresses last returned by slot, and addrBuf
+	// the scratch to compare the snapshot's with (addr).
+	addrs   []string
+	addrBuf []byte
 }
 
 func newRouter(cfg config, seed uint64) (*router, error) {
@@ -228,13 +232,13 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 			d.policy = r.picker.Pick(view, &req)
 		}
 		if d.policy.Endpoint >= 0 {
-			d.endpoint = m.Endpoint(d.policy.Endpoint).Addr()
+			d.endpoint = r.addr(m, d.policy.Endpoint)
 			d.reason = d.policy.Reason.String()
 			if slot := r.picker.Slot(view, &d.policy, &req); slot >= 0 {
 				d.named, d.slot = true, slot
 			}
 			if ru := d.policy.RunnerUp.Endpoint; ru >= 0 {
-				d.runner = m.Endpoint(ru).Addr()
+				d.runner = r.addr(m, ru)
 			}
 			d.destination = d.endpoint
 			if n := r.cfg.fallbackEndpoints; n > 0 {
@@ -271,6 +275,20 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 	d.reason = reasonRendezvous
 	d.policy = policy.Decision{Endpoint: -1, UncachedTokens: d.promptTokens}
 	return d
+}
+
+// addr returns the address of slot i of m. It converts it to a string only
+// when it differs from the one it last returned for the slot: a routed
+// request would otherwise allocate two, the chosen and the runner-up.
+func (r *router) addr(m *snapshot.Manifest, i int) string {
+	if i >= len(r.addrs) {
+		r.addrs = append(r.addrs, make([]string, i+1-len(r.addrs))...)
+	}
+	r.addrBuf = m.Endpoint(i).AppendAddr(r.addrBuf[:0])
+	if string(r.addrBuf) != r.addrs[i] {
+		r.addrs[i] = string(r.addrBuf)
+	}
+	return r.addrs[i]
 }
 
 // render renders body with the configured template or, on auto, with the
@@ -344,7 +362,7 @@ func (r *router) toPinned(ep uint64, view *snapshot.View, m *snapshot.Manifest, 
 		if d.policy.Endpoint < 0 {
 			return d, false
 		}
-		d.endpoint = m.Endpoint(d.policy.Endpoint).Addr()
+		d.endpoint = r.addr(m, d.policy.Endpoint)
 		d.destination = d.endpoint
 		return d, true
 	}

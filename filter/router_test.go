@@ -55,3 +55,34 @@ func TestRouteHashesOnOnlyWhileHeld(t *testing.T) {
 		})
 	}
 }
+
+// TestAddrFollowsTheSnapshot: the address a slot routes to is the one the
+// current snapshot has there, however often an earlier snapshot's was
+// returned, and returning it again allocates nothing.
+func TestAddrFollowsTheSnapshot(t *testing.T) {
+	cfg := chatMLConfig(t, "10.0.0.1:8000", "10.0.0.2:8000")
+	r, err := newRouter(cfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := testView(t, cfg.endpoints, nil).Manifest()
+	after := testView(t, []string{"10.0.0.9:8000", "10.0.0.2:8000"}, nil).Manifest()
+	for _, step := range []struct {
+		m    *snapshot.Manifest
+		slot int
+		want string
+	}{
+		{before, 1, "10.0.0.2:8000"},
+		{before, 0, "10.0.0.1:8000"},
+		{after, 0, "10.0.0.9:8000"},
+		{after, 1, "10.0.0.2:8000"},
+		{before, 0, "10.0.0.1:8000"},
+	} {
+		if got := r.addr(step.m, step.slot); got != step.want {
+			t.Errorf("slot %d: %s, want %s", step.slot, got, step.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { r.addr(before, 0) }); n != 0 {
+		t.Errorf("returning the same address allocated %v times", n)
+	}
+}

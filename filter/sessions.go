@@ -44,7 +44,7 @@ func sessionHash(v []byte) uint64 { return xxhash.Sum64(v) | 1 }
 func (s *sessions) lookup(session uint64) (endpoint uint64, ok bool) {
 	l := &s.last
 	l.session, l.endpoint, l.expires, l.ok = session, 0, 0, false
-	b, _, err := proxywasm.GetSharedData(sessionKey(session))
+	b, _, err := proxywasm.BorrowSharedData(sessionKey(session)) // read at once
 	if err != nil || len(b) != len(s.val) || binary.LittleEndian.Uint64(b) != session {
 		return 0, false
 	}

@@ -36,7 +36,8 @@ type casValue struct {
 // corrupt value is logged once and read as empty: forgetting is better
 // than never counting again.
 func (c *casValue) load(t table) bool {
-	val, cas, err := proxywasm.GetSharedData(c.key)
+	// Decoded at once, so not copied out of the host's buffer.
+	val, cas, err := proxywasm.BorrowSharedData(c.key)
 	if err != nil && !errors.Is(err, types.ErrorStatusNotFound) {
 		proxywasm.LogError("kvroute: read " + c.what + ": " + err.Error())
 		return false

@@ -110,7 +110,15 @@ func (r *registry[T]) get(id uint64) *T {
 // New compiles wasm and prepares a host with the given semantics. It fails
 // if the module imports anything Envoy does not provide.
 func New(ctx context.Context, wasm []byte, semantics Semantics) (*Host, error) {
-	r := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigCompiler().WithCompilationCache(compilationCache))
+	return newHost(ctx, wasm, semantics, true)
+}
+
+func newHost(ctx context.Context, wasm []byte, semantics Semantics, cached bool) (*Host, error) {
+	cfg := wazero.NewRuntimeConfigCompiler()
+	if cached {
+		cfg = cfg.WithCompilationCache(compilationCache)
+	}
+	r := wazero.NewRuntimeWithConfig(ctx, cfg)
 	h := &Host{
 		semantics: semantics,
 		runtime:   r,

@@ -69,9 +69,9 @@ func GetLogLevel() (types.LogLevel, error) {
 // Buffers.
 
 func getBuffer(kind uint32, start, maxSize int) ([]byte, error) {
-	var p *byte
-	var n uint32
-	if err := statusErr(proxyGetBufferBytes(kind, uint32(start), uint32(maxSize), unsafe.Pointer(&p), unsafe.Pointer(&n))); err != nil {
+	st := proxyGetBufferBytes(kind, uint32(start), uint32(maxSize), unsafe.Pointer(&out.ptr), unsafe.Pointer(&out.size))
+	p, n := takeOut()
+	if err := statusErr(st); err != nil {
 		return nil, err
 	}
 	return owned(p, n), nil
@@ -102,11 +102,10 @@ func GetHttpRequestBody(start, maxSize int) ([]byte, error) {
 // from start, into dst's storage when the body fits, so a filter can reuse
 // one buffer across requests. It returns the bytes read.
 func ReadHttpRequestBody(dst []byte, start int) ([]byte, error) {
-	var p *byte
-	var n uint32
 	reserve(dst)
-	st := proxyGetBufferBytes(bufferHTTPRequestBody, uint32(start), uint32(len(dst)), unsafe.Pointer(&p), unsafe.Pointer(&n))
+	st := proxyGetBufferBytes(bufferHTTPRequestBody, uint32(start), uint32(len(dst)), unsafe.Pointer(&out.ptr), unsafe.Pointer(&out.size))
 	reserved = nil
+	p, n := takeOut()
 	if err := statusErr(st); err != nil {
 		return nil, err
 	}
@@ -133,11 +132,10 @@ func GetHttpCallResponseBody(start, maxSize int) ([]byte, error) {
 // ReadHttpCallResponseBody is GetHttpCallResponseBody reading into dst's
 // storage when the body fits.
 func ReadHttpCallResponseBody(dst []byte, start int) ([]byte, error) {
-	var p *byte
-	var n uint32
 	reserve(dst)
-	st := proxyGetBufferBytes(bufferHTTPCallResponseBody, uint32(start), uint32(len(dst)), unsafe.Pointer(&p), unsafe.Pointer(&n))
+	st := proxyGetBufferBytes(bufferHTTPCallResponseBody, uint32(start), uint32(len(dst)), unsafe.Pointer(&out.ptr), unsafe.Pointer(&out.size))
 	reserved = nil
+	p, n := takeOut()
 	if err := statusErr(st); err != nil {
 		return nil, err
 	}
@@ -147,9 +145,9 @@ func ReadHttpCallResponseBody(dst []byte, start int) ([]byte, error) {
 // Header maps.
 
 func getMap(kind uint32) ([][2]string, error) {
-	var p *byte
-	var n uint32
-	if err := statusErr(proxyGetHeaderMapPairs(kind, unsafe.Pointer(&p), unsafe.Pointer(&n))); err != nil {
+	st := proxyGetHeaderMapPairs(kind, unsafe.Pointer(&out.ptr), unsafe.Pointer(&out.size))
+	p, n := takeOut()
+	if err := statusErr(st); err != nil {
 		return nil, err
 	}
 	return decodePairs(borrowed(p, n))
@@ -161,9 +159,9 @@ func setMap(kind uint32, pairs [][2]string) error {
 }
 
 func getMapValue(kind uint32, key string) (string, error) {
-	var p *byte
-	var n uint32
-	if err := statusErr(proxyGetHeaderMapValue(kind, stringPtr(key), uint32(len(key)), unsafe.Pointer(&p), unsafe.Pointer(&n))); err != nil {
+	st := proxyGetHeaderMapValue(kind, stringPtr(key), uint32(len(key)), unsafe.Pointer(&out.ptr), unsafe.Pointer(&out.size))
+	p, n := takeOut()
+	if err := statusErr(st); err != nil {
 		return "", err
 	}
 	return string(borrowed(p, n)), nil
@@ -193,9 +191,9 @@ func ReplaceHttpRequestHeaders(headers [][2]string) error {
 // with key and value in host-owned memory that stays valid only during the
 // call: one hostcall for the whole map, and nothing allocated.
 func VisitHttpRequestHeaders(fn func(key, value []byte)) error {
-	var p *byte
-	var n uint32
-	if err := statusErr(proxyGetHeaderMapPairs(mapHTTPRequestHeaders, unsafe.Pointer(&p), unsafe.Pointer(&n))); err != nil {
+	st := proxyGetHeaderMapPairs(mapHTTPRequestHeaders, unsafe.Pointer(&out.ptr), unsafe.Pointer(&out.size))
+	p, n := takeOut()
+	if err := statusErr(st); err != nil {
 		return err
 	}
 	return visitPairs(borrowed(p, n), fn)
@@ -312,13 +310,26 @@ func DispatchHttpCall(cluster string, headers [][2]string, body []byte, trailers
 
 // GetSharedData returns a shared-data value and its CAS token.
 func GetSharedData(key string) ([]byte, uint32, error) {
-	var p *byte
-	var n, cas uint32
-	st := proxyGetSharedData(stringPtr(key), uint32(len(key)), unsafe.Pointer(&p), unsafe.Pointer(&n), unsafe.Pointer(&cas))
+	p, n, cas, err := getSharedData(key)
+	return owned(p, n), cas, err
+}
+
+// BorrowSharedData is GetSharedData for a caller that decodes the value at
+// once: it stays valid only until the current callback returns, and is not
+// copied.
+func BorrowSharedData(key string) ([]byte, uint32, error) {
+	p, n, cas, err := getSharedData(key)
+	return borrowed(p, n), cas, err
+}
+
+func getSharedData(key string) (p *byte, n, cas uint32, err error) {
+	st := proxyGetSharedData(stringPtr(key), uint32(len(key)), unsafe.Pointer(&out.ptr), unsafe.Pointer(&out.size), unsafe.Pointer(&out.cas))
+	cas = out.cas
+	p, n = takeOut()
 	if err := statusErr(st); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
-	return owned(p, n), cas, nil
+	return p, n, cas, nil
 }
 
 // SetSharedData stores a shared-data value. A non-zero cas makes the write
@@ -357,9 +368,9 @@ func EnqueueSharedQueue(queueID uint32, value []byte) error {
 // DequeueSharedQueue removes the oldest value of a queue; it fails with
 // ErrorStatusEmpty when there is none.
 func DequeueSharedQueue(queueID uint32) ([]byte, error) {
-	var p *byte
-	var n uint32
-	if err := statusErr(proxyDequeueSharedQueue(queueID, unsafe.Pointer(&p), unsafe.Pointer(&n))); err != nil {
+	st := proxyDequeueSharedQueue(queueID, unsafe.Pointer(&out.ptr), unsafe.Pointer(&out.size))
+	p, n := takeOut()
+	if err := statusErr(st); err != nil {
 		return nil, err
 	}
 	return owned(p, n), nil
@@ -371,13 +382,29 @@ func propertyPath(path []string) string { return strings.Join(path, "\x00") }
 
 // GetProperty reads a host property such as {"request", "path"}.
 func GetProperty(path []string) ([]byte, error) {
-	key := propertyPath(path)
-	var p *byte
-	var n uint32
-	if err := statusErr(proxyGetProperty(stringPtr(key), uint32(len(key)), unsafe.Pointer(&p), unsafe.Pointer(&n))); err != nil {
-		return nil, err
+	p, n, err := getProperty(propertyPath(path))
+	return owned(p, n), err
+}
+
+// PropertyKey is the key BorrowProperty reads the property at path by,
+// joined once instead of on every read.
+func PropertyKey(path ...string) string { return propertyPath(path) }
+
+// BorrowProperty is GetProperty for a caller done with the value before the
+// current callback returns, by a key from PropertyKey: nothing is
+// allocated, and the value is not valid after that.
+func BorrowProperty(key string) ([]byte, error) {
+	p, n, err := getProperty(key)
+	return borrowed(p, n), err
+}
+
+func getProperty(key string) (*byte, uint32, error) {
+	st := proxyGetProperty(stringPtr(key), uint32(len(key)), unsafe.Pointer(&out.ptr), unsafe.Pointer(&out.size))
+	p, n := takeOut()
+	if err := statusErr(st); err != nil {
+		return nil, 0, err
 	}
-	return owned(p, n), nil
+	return p, n, nil
 }
 
 // SetProperty writes a host property.

@@ -28,6 +28,27 @@ var (
 	depth int
 )
 
+// out receives a data-returning hostcall's results. Locals whose addresses
+// go to an import escape to the heap, since the compiler cannot see that the
+// host keeps none: two allocations per hostcall, and a request makes about
+// eight such calls. A global costs none, and unlike a stack slot cannot move
+// while the host calls back into the allocator. The module makes one
+// hostcall at a time and the allocator makes none, so one is enough; calls
+// the host may answer by calling back into the filter (an HTTP call's
+// dispatch) keep their own.
+var out struct {
+	ptr       *byte
+	size, cas uint32
+}
+
+// takeOut returns the data pointer and size the last hostcall wrote to out,
+// and clears them so that out keeps nothing alive.
+func takeOut() (*byte, uint32) {
+	p, n := out.ptr, out.size
+	out.ptr, out.size, out.cas = nil, 0, 0
+	return p, n
+}
+
 func allocate(size uint32) *byte {
 	n := int(size)
 	if n == 0 {
