@@ -32,10 +32,11 @@ var (
 // go to an import escape to the heap, since the compiler cannot see that the
 // host keeps none: two allocations per hostcall, and a request makes about
 // eight such calls. A global costs none, and unlike a stack slot cannot move
-// while the host calls back into the allocator. The module makes one
-// hostcall at a time and the allocator makes none, so one is enough; calls
-// the host may answer by calling back into the filter (an HTTP call's
-// dispatch) keep their own.
+// while the host calls back into the allocator. One is enough: the module
+// makes one hostcall at a time and reads the results before the next, and
+// the allocator the host may call meanwhile makes no hostcall. Calls the host
+// may answer by calling back into the filter (an HTTP call's dispatch) keep
+// their own.
 var out struct {
 	ptr       *byte
 	size, cas uint32
