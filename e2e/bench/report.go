@@ -39,10 +39,12 @@ func markdown(s *Summary) string {
 		p("Re-run %s by `%s` (every arm starts on fresh engines with the same workload and seed, so it replaces its earlier figures): %s.",
 			r.Generated.Format("2006-01-02 15:04 UTC"), r.Command, strings.Join(r.Arms, ", "))
 	}
-	p("%d simulated engines (e2e/vllmsim: Qwen3-32B on two %s by its cost model) of %d KV blocks of 16 tokens, fresh for every arm,",
-		s.Engines.Count, strings.ToUpper(cmp.Or(s.Engines.Accelerator, DefaultAccelerator))+"s", s.Engines.GPUBlocks)
-	p("at time scale %g (wall seconds per simulated second; every time below is both); stages of %d s.", s.Engines.TimeScale, s.StageSeconds)
-	p("An arm whose engines fell more than %.0f%% behind their clock is marked invalid and not reported.", 100*s.MaxLag)
+	if len(s.Workloads) > 0 { // a run of the filter's cost alone has no engines
+		p("%d simulated engines (e2e/vllmsim: Qwen3-32B on two %s by its cost model) of %d KV blocks of 16 tokens, fresh for every arm,",
+			s.Engines.Count, strings.ToUpper(cmp.Or(s.Engines.Accelerator, DefaultAccelerator))+"s", s.Engines.GPUBlocks)
+		p("at time scale %g (wall seconds per simulated second; every time below is both); stages of %d s.", s.Engines.TimeScale, s.StageSeconds)
+		p("An arm whose engines fell more than %.0f%% behind their clock is marked invalid and not reported.", 100*s.MaxLag)
+	}
 	var names []string
 	for k := range s.Versions {
 		names = append(names, k)

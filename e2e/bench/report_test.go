@@ -222,3 +222,19 @@ func TestRenderOutputPerEngine(t *testing.T) {
 		}
 	}
 }
+
+// TestMarkdownFilterCostAlone: a run of the filter's cost alone reports it
+// without describing engines it never started.
+func TestMarkdownFilterCostAlone(t *testing.T) {
+	s := &Summary{Command: "cost", FilterCost: &FilterCost{Rounds: 5, PerRound: 400, Sizes: []SizeCost{{Bytes: 16 << 10,
+		AddedP50: map[string]float64{gwKvroute: 120, gwFloor: 30}, AddedP99: map[string]float64{gwKvroute: 300, gwFloor: 40},
+		P50: map[string]float64{gwNone: 300, gwFloor: 330, gwKvroute: 420}, P99: map[string]float64{gwNone: 600, gwFloor: 640, gwKvroute: 900},
+		RPS: map[string]float64{gwNone: 8000, gwFloor: 7000, gwKvroute: 4000}}}}}
+	md := markdown(s)
+	if strings.Contains(md, "simulated engines") {
+		t.Errorf("a filter-cost run describes engines:\n%s", md)
+	}
+	if !strings.Contains(md, "| 16 KiB |") || !strings.Contains(md, "filter added p50 under 100 µs at 16 KiB: 120 µs") {
+		t.Errorf("the filter's cost is missing:\n%s", md)
+	}
+}

@@ -26,7 +26,7 @@ import (
 func main() {
 	var (
 		out          = flag.String("out", "results/bench", "results directory")
-		workloads    = flag.String("workloads", "", "comma-separated workloads (default: all but the extended ones, mixed and the shared-fraction sweep)")
+		workloads    = flag.String("workloads", "", "comma-separated workloads (default: all but the extended ones, mixed and the shared-fraction sweep; none: only -filter-cost)")
 		arms         = flag.String("arms", "", "comma-separated arms for every workload (default: each workload's own; every arm on b2b-saas)")
 		quick        = flag.Bool("quick", false, "a reduced ladder: b2b-saas with round robin, kvroute precise and sglang-router")
 		rates        = flag.String("rates", "", "comma-separated Poisson rates replacing every selected workload's ladder")
@@ -46,6 +46,7 @@ func main() {
 		floor        = flag.String("floor", "build/floor.wasm", "the floor module (e2e/bench/floor)")
 		filterCost   = flag.Bool("filter-cost", false, "measure the filter's own cost in real Envoy first")
 		costRounds   = flag.Int("filter-cost-rounds", 5, "interleaved rounds of the filter-cost measurement")
+		costSizes    = flag.String("filter-cost-sizes", "2,16,128,512", "comma-separated request body sizes of the filter-cost measurement, KiB")
 	)
 	flag.Parse()
 	if *render {
@@ -59,6 +60,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o, err := options(*out, *workloads, *arms, *quick, *venvs, *tokenizer, *cachesync, *wasm)
+	var sizes []int
+	if err == nil && *filterCost {
+		sizes, err = kibs(*costSizes)
+	}
+	if err == nil && len(o.Workloads) == 0 && !*filterCost {
+		err = errors.New("-workloads none measures nothing without -filter-cost")
+	}
 	if err == nil && *rates != "" {
 		err = setRates(o.Workloads, *rates)
 	}
@@ -78,7 +86,7 @@ func main() {
 		o.Versions = versions(ctx, o)
 		if *filterCost {
 			o.FilterCost = &bench.FilterCostOptions{EnvoyYAML: "envoy.yaml", Wasm: *wasm, Floor: *floor,
-				Sizes: []int{2 << 10, 16 << 10, 128 << 10, 512 << 10}, Rounds: *costRounds, PerRound: 400,
+				Sizes: sizes, Rounds: *costRounds, PerRound: 400,
 				Concurrency: 8, RPSDuration: 3 * time.Second, Dir: filepath.Join(*out, "runs", "filter-cost")}
 		}
 		_, err = bench.Run(ctx, o)
@@ -96,6 +104,12 @@ func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesyn
 		return o, errors.New("run from the repository root (make bench)")
 	}
 	names := split(workloads)
+	if workloads == "none" {
+		// The filter's cost alone needs Envoy and the modules, not the
+		// benchmark client or the rival routers.
+		o.Tools = bench.Tools{EnvoyYAML: "envoy.yaml", Wasm: wasm}
+		return o, nil
+	}
 	if quick {
 		names = []string{"b2b-saas"}
 		if arms == "" {
@@ -179,6 +193,22 @@ func setRates(ws []*bench.Workload, list string) error {
 	return nil
 }
 
+// kibs parses a comma-separated list of sizes in KiB into bytes.
+func kibs(list string) ([]int, error) {
+	var sizes []int
+	for _, f := range split(list) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 || n > 64<<10 {
+			return nil, fmt.Errorf("-filter-cost-sizes: %q is not a size in KiB (1 to 65536)", f)
+		}
+		sizes = append(sizes, n<<10)
+	}
+	if len(sizes) == 0 {
+		return nil, errors.New("-filter-cost-sizes: no size")
+	}
+	return sizes, nil
+}
+
 func split(s string) []string {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
@@ -191,7 +221,10 @@ func split(s string) []string {
 
 // versions names what the run used.
 func versions(ctx context.Context, o bench.Options) map[string]string {
-	v := map[string]string{"go": runtime.Version(), "inference-perf": o.Client.Version()}
+	v := map[string]string{"go": runtime.Version()}
+	if o.Client.Bin != "" {
+		v["inference-perf"] = o.Client.Version()
+	}
 	if p, err := envoy.Path(ctx); err == nil {
 		if ver, err := envoy.Version(ctx, p); err == nil {
 			v["envoy"] = ver
