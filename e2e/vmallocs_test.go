@@ -44,9 +44,9 @@ func TestRoutedRequestAllocations(t *testing.T) {
 		s.SendResponseBody([]byte(`{"ok":true}`), true)
 		s.Close()
 	}
-	// 7 when written: the stream's own context and state, the model's
-	// name, the served header, a report now and then. 33 before the
-	// hostcalls' out-parameters moved off the stack.
+	// 7 when written, mostly the stream's own context and state and a few
+	// strings (the path, the model's name, the served header). 33 before
+	// the hostcalls' out-parameters moved off the stack.
 	const most = 10
 	if per := float64(mallocs.Load()-from) / measured; per > most {
 		t.Errorf("a routed request allocated %.1f objects in the VM, want at most %d", per, most)

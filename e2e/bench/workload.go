@@ -302,7 +302,7 @@ var Workloads = []*Workload{
 			"one length distribution, so the mix is heavy-tailed rather than bimodal; it replays the bursts as a trace (trace_replay)",
 		Data: sharedPrefix(16, 5, 2000, lognormal(100, 8000, 1500, 1500), lognormal(20, 1500, 300, 300), false),
 		// Up to 64: at 40 req/s both fixed modes and auto still served
-		// every request within both SLOs, so a ladder ending there could
+		// nearly every request within both SLOs, so a ladder ending there could
 		// not tell them apart.
 		Rates:      []float64{8, 16, 24, 32, 40, 48, 56, 64},
 		Bursty:     true,
