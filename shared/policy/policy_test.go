@@ -290,16 +290,42 @@ func TestPick(t *testing.T) {
 			// The copy would draw a share of the prefix's traffic to an
 			// endpoint that draws as much as the holder already: it
 			// must save this request more than its own prefill.
-			name: "not to an endpoint drawing as many prefixes, while the holder's queue costs less than a second copy",
+			name: "not to an endpoint drawing as many prefixes, while the holder's queue costs less than a copy",
 			eps: []ep{{info: withCapacity(healthy(3*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
 				{info: withCapacity(healthy(0), 100000), prefixes: 4}},
 			want: []int{0}, reason: ReasonAffinity,
 		},
 		{
-			name: "to an endpoint drawing as many prefixes once the holder's queue costs more",
+			// Priced 2 s above the copier, past the copy's 1.2 s
+			// prefill; but the copy would relieve the holder of one
+			// prefix's share of that load, of the four it draws.
+			name: "nor while it costs less than a copy for each prefix the holder draws",
 			eps: []ep{{info: withCapacity(healthy(5*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
 				{info: withCapacity(healthy(0), 100000), prefixes: 4}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			name: "to an endpoint drawing as many prefixes once the holder's queue costs more",
+			eps: []ep{{info: withCapacity(healthy(9*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
+				{info: withCapacity(healthy(0), 100000), prefixes: 4}},
 			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
+			// A hot prefix: its holder's load is the prefix's own.
+			name: "a holder drawing one prefix spills past one copy's prefill",
+			eps: []ep{{info: withCapacity(healthy(5*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 1},
+				{info: withCapacity(healthy(0), 100000), prefixes: 1}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
+			// The running requests' decoding prices the holder 4.1 s
+			// above the copier: past one copy's prefill (1.2 s), and a
+			// tenth of the price (2.4 s) is more than that prefill, but
+			// the copy is of 60% of the prompt, not of a few blocks.
+			name: "a copy of most of the prompt is no copy of a few blocks however dear decoding makes the price",
+			eps: []ep{{info: withCapacity(withRunning(healthy(0), 26), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
+				{info: withCapacity(withRunning(healthy(0), 8), 100000), prefixes: 4}},
+			want: []int{0}, reason: ReasonAffinity,
 		},
 		{
 			name: "to an endpoint drawing as many prefixes when the holder misses the SLO and it meets it",

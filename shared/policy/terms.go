@@ -64,6 +64,7 @@ type cand struct {
 	evict    float64 // seconds of future prefill its eviction costs
 	margin   float64 // seconds a copy must undercut the holders by (copyRoom)
 	copying  float64 // seconds its copied blocks take to prefill there; 0 when it copies none
+	bulk     bool    // it copies more than a few blocks (copyFew of the prompt's)
 	price    float64 // what the choice minimises, seconds
 	prefill  float64 // seconds its own uncached tokens take to prefill there
 	fill     float64 // its cache's fill, pending prefills included; -1 unknown
@@ -203,6 +204,7 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	c.price += cfg.OthersWeight*c.others + cfg.EvictionWeight*c.evict
 	if copied > 0 {
 		c.copying = copied * j.blockTokens * mdl.PerUncachedToken()
+		c.bulk = copied > copyFew*float64(j.blocks)
 		c.margin = min(copyRoom*c.price, c.copying)
 		c.price += c.margin
 	}
@@ -222,6 +224,16 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 // than the copied blocks' prefill, so a copy of a few blocks (a short
 // system prompt) still follows the load.
 const copyRoom = sloRoom
+
+// copyFew is the share of a prompt's blocks up to which a copy is of a few
+// blocks: a short system prompt, whose copy spends little room and moves
+// little traffic, and follows the load (placeCopies). It is a share of
+// the prompt, not of the price: judged by whether the copy margin's cap
+// bound (the copy's prefill under a tenth of the price), as it was until
+// 2026-12-04, nearly every copy was of a few blocks under auto's price,
+// whose decode terms put a tenth of it above the prefill of a 4,300-token
+// system prompt, and the copy rules never ran on the 60% sweep.
+const copyFew = 0.1
 
 // decodeHorizon is how many of a request's output tokens ModeAuto prices
 // the decoding of: about one chat answer (DefaultOutputTokens' default),
