@@ -99,10 +99,14 @@ func placeNew(cands []cand, j *job) {
 // follow the load as before. On the 60% sweep the requests decoding at
 // holders of four groups (one to nine more than at the copier) priced
 // them 0.4-4.5 s above engines of three or four, past one copy's prefill
-// (0.2-0.5 s): seventeen copies in a run, four in the warm-up, each a
-// cold prefill that split a group for good, and a hit rate of 75% at 2
-// req/s against sglang-router's 93%. Once for each prefix: five
-// copies, none in the first 96 s, and 93% (the bench's notes).
+// (0.2-0.5 s): applied once, the rule let seventeen copies by in a run,
+// four in the warm-up, each a cold prefill that split a group for good,
+// and a hit rate of 75% at 2 req/s against sglang-router's 93%. Once for
+// each prefix: five copies, none in the first 96 s, and 93%. On mixed,
+// whose answers run to 1,500 tokens, the warm-up copies this stops had
+// evened out groups with long answers, whose decode load lasts (goodput
+// 12.9 req/s at 40 against 13.5): one request's price cannot tell that
+// load from a passing one (the bench's notes).
 //
 // A holder past that is saturated (a stated SLO is the operator's word
 // for it), and a copier drawing two prefixes fewer than every such holder
