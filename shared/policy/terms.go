@@ -232,7 +232,7 @@ const copyRoom = sloRoom
 // bound (the copy's prefill under a tenth of the price), as it was until
 // 2026-12-04, nearly every copy was of a few blocks under auto's price,
 // whose decode terms put a tenth of it above the prefill of a 4,300-token
-// system prompt, and the copy rules never ran on the 60% sweep.
+// system prompt: all ten copies of a 60% sweep run passed as a few.
 const copyFew = 0.1
 
 // decodeHorizon is how many of a request's output tokens ModeAuto prices
