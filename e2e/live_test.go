@@ -458,6 +458,37 @@ func TestPlacementSeenAcrossVMsBeforeTheSnapshot(t *testing.T) {
 	first.Close()
 }
 
+// TestDecodeSaturationInTheHeader: an engine whose batch the snapshot shows
+// decoding more than 1.3 times slower than the pool's fastest is marked
+// saturated by its decode load, the request goes elsewhere, and the debug
+// header says so; an idle pool marks none.
+func TestDecodeSaturationInTheHeader(t *testing.T) {
+	h := newHost(t, wasmhost.Fixed)
+	eps := engines(threeEndpoints...)
+	f := newFakeCachesync(t, eps...)
+	vm := newLiveVM(t, h, f, liveConfig(t, nil))
+	syncVMs(vm)
+	ask := func(q string) string {
+		s := send(t, vm, postHeaders("/v1/chat/completions"), chatBody(t, "qwen", q), 1<<20)
+		defer s.Close()
+		return decisionOf(t, s)
+	}
+	if d := ask("an idle pool"); field(d, "decode_saturated_endpoints") != "0" || field(d, "decode_saturated") != "0" {
+		t.Errorf("idle pool: %q, want no endpoint saturated", d)
+	}
+	busy := eps[1]
+	busy.Running = 40 // ITL 23 ms at the default model against 10 ms idle
+	f.setEndpoint(busy)
+	syncVMs(vm)
+	d := ask("a busy engine")
+	if field(d, "decode_saturated_endpoints") != "1" {
+		t.Errorf("one engine decoding 40 requests: %q, want decode_saturated_endpoints=1", d)
+	}
+	if field(d, "endpoint") == busy.Addr || field(d, "decode_saturated") != "0" {
+		t.Errorf("one engine decoding 40 requests: %q, want another, not saturated, chosen", d)
+	}
+}
+
 // TestCacheSaltIsolatesTenants: a request with vLLM's cache_salt matches
 // only blocks cached under the same salt, as in the engine: one tenant's
 // prefix never draws another tenant's request, nor an unsalted one.

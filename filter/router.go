@@ -449,6 +449,8 @@ func (d *decision) header() string {
 		b = appendTerms(b, "", &d.policy.Chosen)
 		b = append(b, "; eligible="...)
 		b = strconv.AppendInt(b, int64(d.policy.Eligible), 10)
+		b = append(b, "; decode_saturated_endpoints="...)
+		b = strconv.AppendInt(b, int64(d.policy.DecodeSaturated), 10)
 		if d.runner != "" {
 			b = append(b, "; runner_up="...)
 			b = append(b, d.runner...)
@@ -475,7 +477,7 @@ func appendTerms(b []byte, prefix string, t *policy.Terms) []byte {
 		{"ttft_ms", t.TTFT.Milliseconds()}, {"step_wait_us", t.Wait.Microseconds()}, {"itl_us", t.ITL.Microseconds()}, {"others_ms", t.Others.Milliseconds()},
 		{"eviction_ms", t.Eviction.Milliseconds()}, {"copy_margin_ms", t.CopyMargin.Milliseconds()},
 		{"price_ms", t.Price.Milliseconds()}, {"backlog_tokens", int64(t.Backlog)}, {"running", int64(t.Running)},
-		{"prefixes", int64(t.Prefixes)}, {"fill_pct", int64(t.FillPercent)},
+		{"prefixes", int64(t.Prefixes)}, {"fill_pct", int64(t.FillPercent)}, {"decode_saturated", b2i(t.DecodeSaturated)},
 	} {
 		b = append(b, "; "...)
 		b = append(b, prefix...)
@@ -484,4 +486,11 @@ func appendTerms(b []byte, prefix string, t *policy.Terms) []byte {
 		b = strconv.AppendInt(b, f.v, 10)
 	}
 	return b
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }

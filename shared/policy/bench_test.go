@@ -48,14 +48,17 @@ var bench = sync.OnceValue(func() *benchSnapshot {
 	}
 	rng := rand.New(rand.NewPCG(1, 1))
 	for s := range endpoints {
-		backlog := rng.IntN(100_000)
+		backlog, running, waiting := rng.IntN(100_000), rng.IntN(50), rng.IntN(5)
 		if s == 7 {
-			backlog = 2000 // the warm endpoint of shared-prefix can take the request
+			// The warm endpoint of shared-prefix can take the request:
+			// a short backlog, and a batch that decodes within
+			// decodeSaturation of the pool's idlest.
+			backlog, running, waiting = 2000, 4, 0
 		}
 		if _, err := b.SetEndpoint(snapshot.EndpointInfo{
 			Addr:   "10.0.0." + strconv.Itoa(s) + ":8000",
 			Models: []string{model}, Health: snapshot.HealthHealthy,
-			Running: rng.IntN(50), Waiting: rng.IntN(5), PrefillTokens: backlog, PrefillRate: 15928,
+			Running: running, Waiting: waiting, PrefillTokens: backlog, PrefillRate: 15928,
 			IndexCapacity: 1 << 18,
 		}); err != nil {
 			panic(err)

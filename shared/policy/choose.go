@@ -8,7 +8,8 @@ import (
 
 // choose picks among the candidates placeNew and placeCopies left roomy.
 // Without SLOs: the least price, near ties (within Config.TieTolerance)
-// broken by random among those holding the most of the prompt. With SLOs:
+// broken by random among those holding the most of the prompt, of those
+// not saturated by their decode load (saturateDecode) if any. With SLOs:
 // of the candidates predicted to meet them, the best cached (within a
 // block), by least price among those; if none meets them, the least price
 // (meets false). An endpoint holding less of the prompt than the most any
@@ -18,7 +19,7 @@ import (
 // there is none.
 func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, meets bool) {
 	tol := p.cfg.TieTolerance.Seconds()
-	slo := j.sloTTFT > 0 || j.sloTPOT > 0
+	slo := j.slo()
 	pick = -1
 	if slo {
 		best := -1.0
@@ -49,6 +50,13 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 		}
 	}
 	meets = meets || !slo || pick >= 0
+	if pick < 0 {
+		for i := range cands {
+			c := &cands[i]
+			c.sel = c.roomy && !c.saturated
+		}
+		pick = least(cands, tol, j.blockTokens, random)
+	}
 	if pick < 0 {
 		for i := range cands {
 			cands[i].sel = cands[i].roomy

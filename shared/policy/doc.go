@@ -4,9 +4,11 @@
 // or adapter) by the latency the request is predicted to see there, plus
 // what it would cost the others, and takes the cheapest: a cached prefix is
 // preferred exactly as long as the time it saves outweighs the load it
-// meets. There is no affinity threshold to fall off and no saturation
-// switch to flap: "sticky until saturated" is where the prices cross.
-// Rendezvous is the fallback when there is no snapshot.
+// meets. There is no affinity threshold to fall off: "sticky until
+// saturated" is where the prices cross, and, in ModeAuto without SLOs,
+// where an endpoint's batch decodes decodeSaturation times slower than
+// another's (Decode saturation, below). Rendezvous is the fallback when
+// there is no snapshot.
 //
 // # The price
 //
@@ -83,6 +85,17 @@
 // Prices within Config.TieTolerance tie, and ties are broken at random so
 // that gateways sharing a snapshot spread simultaneous requests, among the
 // tied endpoints holding the most of the prompt: a tie makes no copy.
+//
+// # Decode saturation
+//
+// In ModeAuto without SLOs, an endpoint whose batch, its queue and this
+// request included, is predicted an ITL over 1.3 times the pool's lowest
+// is saturated: passed over while another endpoint may take the request,
+// for prefixes it holds and for new ones, and, holding the prompt, it keeps
+// no copier waiting. One request's price pays a copy's prefill now and sees none of
+// the decoding the copy saves the prefix's later requests, so a holder
+// whose prefixes' answers run long stays dear for good and keeps them.
+// With an SLO stated, the SLO is the operator's word for saturation.
 //
 // # Reasons
 //

@@ -1,16 +1,18 @@
 package policy
 
-// placeNew marks the candidates a prompt may go to. A prompt the pool
-// holds none of (within a block) starts a prefix that its followers will
-// come back for, wherever it lands: the load it meets now is paid once,
-// the share of the pool's traffic it brings is paid for as long as it
-// stays cached. So of the endpoints where its first token is predicted
-// within one cold prefill of the quickest (a roomy endpoint with a long
-// queue is passed over), it may go only to those drawing traffic with the
-// fewest prefixes, counting those placed there since the snapshot, and of
-// those to the ones whose cache is within half this prompt of the
-// emptiest, counting the prefills in flight there, which the index has not
-// seen yet; the price picks among them.
+// placeNew marks the candidates a prompt may go to. A prompt the pool holds
+// none of (within a block) starts a prefix that its followers will come
+// back for, wherever it lands: the load it meets now is paid once, the
+// share of the pool's traffic it brings is paid for as long as it stays
+// cached. So of the endpoints where its first token is predicted within one
+// cold prefill of the quickest (a roomy endpoint with a long queue is
+// passed over) and, if any is, not saturated by its decode load
+// (saturateDecode: the prefixes it draws already bring more than their
+// share), it may go only to those drawing traffic with the fewest prefixes,
+// counting those placed there since the snapshot, and of those to the ones
+// whose cache is within half this prompt of the emptiest, counting the
+// prefills in flight there, which the index has not seen yet; the price
+// picks among them.
 //
 // Prefixes come first because blocks are a poor count of traffic: one
 // tenant's unique questions hold as many blocks as another's shared system
@@ -37,10 +39,16 @@ func placeNew(cands []cand, j *job) {
 		return
 	}
 	limit := cands[quickest].ttft + cands[quickest].prefill
-	fewest := -1
+	calm := false // some endpoint within the limit is not saturated
 	for i := range cands {
 		c := &cands[i]
 		c.roomy = c.eligible && c.ttft <= limit
+		calm = calm || (c.roomy && !c.saturated)
+	}
+	fewest := -1
+	for i := range cands {
+		c := &cands[i]
+		c.roomy = c.roomy && (!calm || !c.saturated)
 		if c.roomy && (fewest < 0 || c.prefixes < fewest) {
 			fewest = c.prefixes
 		}
@@ -161,10 +169,10 @@ func placeCopies(cands []cand, j *job) {
 }
 
 // keepsCopiers reports whether h holds the most of the prompt any
-// endpoint does (within a block) and meets the request's SLOs: a holder
-// that may keep a copier waiting.
+// endpoint does (within a block), meets the request's SLOs and is not
+// saturated by its decode load: a holder that may keep a copier waiting.
 func (h *cand) keepsCopiers(j *job) bool {
-	return h.eligible && h.cached >= j.most-j.blockTokens && h.meets(j, 0)
+	return h.eligible && h.cached >= j.most-j.blockTokens && h.meets(j, 0) && !h.saturated
 }
 
 // outwaits reports whether h, drawing no more than room prefixes, is

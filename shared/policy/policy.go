@@ -258,6 +258,9 @@ type Terms struct {
 	// (pending prefills included), -1 when its capacity is unknown.
 	Prefixes    int
 	FillPercent int
+	// DecodeSaturated: its predicted inter-token latency was past
+	// decodeSaturation times the pool's lowest, in ModeAuto without SLOs.
+	DecodeSaturated bool
 }
 
 // Decision is the choice and why, for debug headers and metrics.
@@ -268,7 +271,11 @@ type Decision struct {
 	GPUBlocks      int // how many of those it holds on the GPU
 	UncachedTokens int // prompt tokens it is estimated to prefill
 	Eligible       int // endpoints that were healthy and serve the model
-	Lookups        int // index lookups made by the prefix walk
+	// DecodeSaturated is how many of them were saturated by their decode
+	// load (ModeAuto without SLOs): passed over while another could take
+	// the request.
+	DecodeSaturated int
+	Lookups         int // index lookups made by the prefix walk
 	// Deepest is the most of Request.Hashes any endpoint's index entries
 	// hold: when it is all of them and the prompt has more blocks, the
 	// match may go on past them.
@@ -376,6 +383,9 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		}
 	}
 	job.most = mostCached(cands)
+	if p.cfg.Mode == ModeAuto && !job.slo() {
+		d.DecodeSaturated = saturateDecode(cands)
+	}
 	placeNew(cands, &job)
 	placeCopies(cands, &job)
 	pick, runner, meets := p.choose(cands, &job, r.Random)

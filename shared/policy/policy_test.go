@@ -183,27 +183,49 @@ func TestPick(t *testing.T) {
 		},
 		{
 			// Priced for its whole 2,000 tokens, the answer's decoding in a
-			// batch of 30 rather than 10 outweighed re-prefilling the
+			// batch of 30 rather than 20 outweighed re-prefilling the
 			// prompt; the load it would flee lasts only until the next
-			// placements even it out.
+			// placements even it out. (1.19 times the ITL: not saturated.)
 			name: "a long answer keeps its cached prefix over a somewhat lighter batch",
-			eps:  []ep{{info: withRunning(healthy(0), 30), blocks: promptBlocks, gpu: promptBlocks}, {info: withRunning(healthy(0), 10)}},
+			eps:  []ep{{info: withRunning(healthy(0), 30), blocks: promptBlocks, gpu: promptBlocks}, {info: withRunning(healthy(0), 20)}},
 			req:  Request{OutputTokens: 2000},
 			want: []int{0}, reason: ReasonAffinity,
 		},
 		{
 			// Its own latency alone would send it to the cold endpoint (its
 			// batch is smaller, so it decodes faster), but the cold prefill
-			// would stall the 15 requests there for longer than the warm
+			// would stall the 25 requests there for longer than the warm
 			// endpoint's 40 wait for the rest of the prompt.
 			name: "a crowded warm batch keeps the request: a cold prefill stalls everyone there",
+			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 25)}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			// 22.8 ms a token against 15: the holder is saturated by its
+			// decode load, whatever the copy's prefill costs the 15.
+			name: "until its batch decodes more than 1.3 times slower than another's",
+			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 15)}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
+			name: "a stated SLO the holder meets keeps it, however slow its batch against another's",
+			cfg:  func(c *Config) { c.SLOTTFT = 10 * time.Second },
 			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 15)}},
 			want: []int{0}, reason: ReasonAffinity,
 		},
 		{
+			name: "decode saturation is auto's: prefill mode keeps the holder",
+			cfg:  func(c *Config) { c.Mode = ModePrefill },
+			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 15)}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			// In decode mode, where the whole answer is priced: in auto
+			// a batch 1.3 times faster would take it whatever the weight
+			// (decodeSaturation).
 			name: "priced selfishly (others weight 0), it leaves for a smaller batch the cold prefill would stall",
-			cfg:  func(c *Config) { c.OthersWeight = 0 },
-			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5, prefixes: 1}, {info: withRunning(healthy(0), 10)}},
+			cfg:  func(c *Config) { c.OthersWeight, c.Mode = 0, ModeDecode },
+			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5, prefixes: 1}, {info: withRunning(healthy(0), 25)}},
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
@@ -239,6 +261,15 @@ func TestPick(t *testing.T) {
 				{info: withModel(healthy(0))}},
 			req:  Request{OutputTokens: 16, Local: []Local{{AtLoad: 24, AtLoadKnown: true, Requests: 24}, {AtLoadKnown: true}}},
 			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
+			// The endpoint drawing the fewest prefixes decodes 1.6 times
+			// slower than the other: the prefixes it draws bring more
+			// than their share of the load.
+			name: "a new prefix goes to the fewest prefixes not saturated by their decode load",
+			eps: []ep{{info: withCapacity(withRunning(healthy(0), 60), 100000)},
+				{info: withCapacity(withRunning(healthy(0), 20), 100000), prefixes: 1}},
+			want: []int{1}, reason: ReasonLeastLoad,
 		},
 		{
 			name: "a new prefix goes to room even where requests run: the stall its prefill causes them is paid once",
@@ -318,13 +349,13 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
-			// The running requests' decoding prices the holder 4.1 s
-			// above the copier: past one copy's prefill (1.2 s), and a
-			// tenth of the price (2.4 s) is more than that prefill, but
-			// the copy is of 60% of the prompt, not of a few blocks.
-			name: "a copy of most of the prompt is no copy of a few blocks however dear decoding makes the price",
-			eps: []ep{{info: withCapacity(withRunning(healthy(0), 26), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
-				{info: withCapacity(withRunning(healthy(0), 8), 100000), prefixes: 4}},
+			// Queues price the holder 2.4 s above the copier: past one
+			// copy's prefill (1.2 s), and a tenth of the copier's price
+			// (1.5 s) is more than that prefill, but the copy is of 60%
+			// of the prompt, not of a few blocks.
+			name: "a copy of most of the prompt is no copy of a few blocks however dear the load makes the price",
+			eps: []ep{{info: withCapacity(healthy(14*second), 100000), blocks: promptBlocks * 6 / 10, gpu: promptBlocks * 6 / 10, prefixes: 4},
+				{info: withCapacity(healthy(8*second), 100000), prefixes: 4}},
 			want: []int{0}, reason: ReasonAffinity,
 		},
 		{
@@ -796,7 +827,9 @@ func TestMeetsSLO(t *testing.T) {
 		chosen int
 		meets  bool
 	}{
-		{"no SLO", nil, []ep{holder, {info: withRunning(healthy(0), 110)}}, 0, true},
+		{"no SLO", nil, []ep{holder, {info: withRunning(healthy(0), 130)}}, 0, true},
+		// 1.35 times the ITL: saturated, which is no SLO missed.
+		{"no SLO, the holder saturated", nil, []ep{holder, {info: withRunning(healthy(0), 110)}}, 1, true},
 		{"TTFT: none within it", func(c *Config) { c.SLOTTFT = 100 * time.Millisecond }, []ep{cold(0), warm(3*second, promptBlocks)}, 0, false},
 		{"TPOT: none within it once the prefill is counted", func(c *Config) { c.SLOTPOT = 50 * time.Millisecond },
 			[]ep{holder, {info: withRunning(healthy(0), 110)}}, 0, false},

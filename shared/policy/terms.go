@@ -20,6 +20,10 @@ type job struct {
 	most float64
 }
 
+// slo reports whether the request is held to an SLO, stated in the
+// configuration or by the request.
+func (j *job) slo() bool { return j.sloTTFT > 0 || j.sloTPOT > 0 }
+
 // mostCached returns the most of the prompt any eligible candidate holds.
 func mostCached(cands []cand) float64 {
 	most := 0.0
@@ -71,6 +75,11 @@ type cand struct {
 	capacity float64 // its cache's blocks
 	prefixes int     // the prefixes its cache draws traffic with, pending ones included
 	roomy    bool    // passed placeNew's and placeCopies' tests
+	// loaded is the ITL its batch is predicted once its queue is in it
+	// and this request too; saturated, that it is past decodeSaturation
+	// times the pool's lowest (saturateDecode).
+	loaded    float64
+	saturated bool
 	// slots and slotsHeld: an engine whose cache is a prompt per slot
 	// (snapshot.EngineSlot), how many it has and how many hold a prompt;
 	// slots 0 for any other.
@@ -142,6 +151,7 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	c.ttft = mdl.TTFT(c.f)
 	c.itl = mdl.ITL(c.f.Running + 1)
 	share := c.f.Running + c.f.Waiting
+	c.loaded = mdl.ITL(share + 1)
 	prefillCost, decodeCost := c.uncached*mdl.PerUncachedToken()*share, j.output*mdl.PerRunning()*share
 
 	// Tokens the engine must prefill again because this request's blocks
@@ -284,7 +294,7 @@ func (c *cand) terms(slot int) Terms {
 		Endpoint: slot, CachedTokens: int(c.cached), UncachedTokens: int(c.uncached + 0.5),
 		Backlog: int(c.f.Backlog), Running: int(c.f.Running), Waiting: int(c.f.Waiting), Wait: seconds(c.f.Wait),
 		TTFT: seconds(c.ttft), ITL: seconds(c.itl), Others: seconds(c.others), Eviction: seconds(c.evict), CopyMargin: seconds(c.margin), Price: seconds(c.price),
-		Prefixes: c.prefixes, FillPercent: fillPercent(c.fill),
+		Prefixes: c.prefixes, FillPercent: fillPercent(c.fill), DecodeSaturated: c.saturated,
 	}
 }
 
