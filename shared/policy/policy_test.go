@@ -208,6 +208,20 @@ func TestPick(t *testing.T) {
 			want: []int{1}, reason: ReasonSaturatedRelease,
 		},
 		{
+			// The default model's step time is the bar's absolute part:
+			// 13.1 ms a token against an idle engine's 10.3 (1.27).
+			name: "nine requests more than an idle engine do not saturate a holder of the whole prompt",
+			eps:  []ep{{info: withRunning(healthy(0), 9), blocks: promptBlocks, gpu: promptBlocks}, {info: healthy(0)}},
+			want: []int{0}, reason: ReasonAffinity,
+		},
+		{
+			// 13.8 ms against 10.3 (1.33): released to a cold prefill
+			// its price alone would not pay.
+			name: "eleven do",
+			eps:  []ep{{info: withRunning(healthy(0), 11), blocks: promptBlocks, gpu: promptBlocks}, {info: healthy(0)}},
+			want: []int{1}, reason: ReasonSaturatedRelease,
+		},
+		{
 			name: "a stated SLO the holder meets keeps it, however slow its batch against another's",
 			cfg:  func(c *Config) { c.SLOTTFT = 10 * time.Second },
 			eps:  []ep{{info: withRunning(healthy(0), 40), blocks: promptBlocks * 4 / 5, gpu: promptBlocks * 4 / 5}, {info: withRunning(healthy(0), 15)}},
