@@ -50,16 +50,13 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 		}
 	}
 	meets = meets || !slo || pick >= 0
-	if pick < 0 {
+	for _, calm := range [2]bool{true, false} {
+		if pick >= 0 {
+			break
+		}
 		for i := range cands {
 			c := &cands[i]
-			c.sel = c.roomy && !c.saturated
-		}
-		pick = least(cands, tol, j.blockTokens, random)
-	}
-	if pick < 0 {
-		for i := range cands {
-			cands[i].sel = cands[i].roomy
+			c.sel = c.roomy && !(calm && c.saturated)
 		}
 		pick = least(cands, tol, j.blockTokens, random)
 	}
