@@ -92,9 +92,10 @@
 // request included, is predicted an ITL over 1.3 times the pool's lowest
 // is saturated: passed over while another endpoint may take the request,
 // for prefixes it holds and for new ones, and, holding the prompt, it keeps
-// no copier waiting. One request's price pays a copy's prefill now and sees none of
-// the decoding the copy saves the prefix's later requests, so a holder
-// whose prefixes' answers run long stays dear for good and keeps them.
+// no copier waiting. One request's price pays a copy's prefill now and
+// sees none of the decoding the copy saves the prefix's later requests, so
+// a holder whose prefixes' answers run long stays dear for good and keeps
+// them.
 // With an SLO stated, the SLO is the operator's word for saturation.
 //
 // # Reasons
