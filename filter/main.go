@@ -372,7 +372,8 @@ func (h *httpContext) report(d *decision) {
 		return
 	}
 	hashes = hashes[:min(len(hashes), p.cfg.reportBlocks)]
-	rec := report.Record{Endpoint: d.endpoint, Model: d.model, Hashes: hashes, Cached: min(d.policy.Blocks, len(hashes)), Reason: d.reason}
+	rec := report.Record{Endpoint: d.endpoint, Model: d.model, Hashes: hashes, Cached: min(d.policy.Blocks, len(hashes)), Reason: d.reason,
+		Output: min(max(d.output, 0), report.MaxOutput)}
 	var err error
 	if p.record, err = report.AppendRecord(p.record[:0], &rec); err != nil {
 		return

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvroute/kvroute/cachesync/internal/bridge"
+	"github.com/kvroute/kvroute/cachesync/internal/demand"
 	"github.com/kvroute/kvroute/cachesync/internal/discovery"
 	"github.com/kvroute/kvroute/cachesync/internal/index"
 	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
@@ -32,6 +33,7 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/vocab"
 	"github.com/kvroute/kvroute/shared/approx"
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
@@ -75,6 +77,7 @@ type Daemon struct {
 	tokenPoll time.Duration
 	tokenFile []byte
 	models    *models
+	demand    *demand.Tracker
 }
 
 // maxDecodePrefill is the largest share of its prefill rate an engine may
@@ -148,6 +151,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.models = newModels(d.reg)
+	d.demand = demand.New(demand.Config{})
 	if cfg.Tokenizer != "" {
 		v, err := vocab.Load(cfg.Tokenizer)
 		if err != nil {
@@ -163,7 +167,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	if d.ix, err = index.New(index.Config{Interval: cfg.SyncInterval, PendingTTL: cfg.PendingTTL, Snapshot: snapshot.BuilderConfig{BytesPerToken: cfg.BytesPerToken},
-		OnOutcome: d.models.outcome, Registerer: d.reg, Logger: log}); err != nil {
+		OnOutcome: d.models.outcome, OnRoute: func(e report.Entry) { d.demand.Record(e, time.Now()) },
+		Registerer: d.reg, Logger: log}); err != nil {
 		return nil, err
 	}
 	var fileTokens []string
@@ -336,6 +341,7 @@ func (d *Daemon) reconcile(ctx context.Context, scraper *scrape.Scraper, set []d
 			delete(d.engines, addr)
 			d.ix.RemoveEndpoint(addr)
 			d.models.forget(addr)
+			d.demand.Forget(addr)
 			d.log.Info("engine removed", "engine", addr)
 		}
 	}

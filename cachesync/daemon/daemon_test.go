@@ -254,7 +254,7 @@ func TestApproximateIndexFromReports(t *testing.T) {
 	d := startDaemon(t, Config{Engines: es[0].Addr() + "," + es[1].Addr(), ReportToken: "tok"})
 	f := newFetcher(t, d)
 	hashes := []uint64{11, 22, 33, 44}
-	batch, err := report.AppendRecord(nil, &report.Record{Endpoint: es[1].Addr(), Model: model, Hashes: hashes})
+	batch, err := report.AppendRecord(nil, &report.Record{Endpoint: es[1].Addr(), Model: model, Hashes: hashes, Output: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,6 +283,15 @@ func TestApproximateIndexFromReports(t *testing.T) {
 		f.sync()
 		return f.holds(es[1].Addr(), hashes) == len(hashes)
 	})
+	// The decode it asked for shows as the engine's demand: 300 tokens
+	// over the 30 s time constant, decayed a little since.
+	metrics := get(t, "http://"+d.Addr()+"/metrics")
+	for addr, want := range map[string]float64{es[0].Addr(): 0, es[1].Addr(): 10} {
+		got, ok := metricValue(metrics, `kvroute_cachesync_engine_decode_demand_tokens_per_second{engine="`+addr+`"}`)
+		if !ok || got > want || got < 0.9*want {
+			t.Errorf("decode demand of %s: %v (found %v), want %v", addr, got, ok, want)
+		}
+	}
 
 	// The engine serves a request, then restarts with an empty cache:
 	// its counters going back to zero must empty its entries, which
@@ -872,4 +881,16 @@ func TestCleanITL(t *testing.T) {
 			}
 		})
 	}
+}
+
+// metricValue returns the value of the series named exactly so in a
+// Prometheus text exposition.
+func metricValue(text, series string) (float64, bool) {
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
 }

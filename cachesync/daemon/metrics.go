@@ -103,7 +103,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descBatches, descGaps, descReplays, descReplayFailures, descReplayed,
 		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines,
 		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descAgreement, descCommonPrefix, descTemplates, descDiscovery, descDiscoveryErrs,
-		descPrefillRate, descCalibrated, descEngineHealth, descEnginePrecise, descEngineReqs, descEngineKV, descEngineIndex} {
+		descPrefillRate, descCalibrated, descEngineHealth, descEnginePrecise, descEngineReqs, descEngineKV, descEngineIndex, descEnginePrefix, descEngineDemand} {
 		ch <- d
 	}
 }

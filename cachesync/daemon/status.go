@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -15,6 +16,7 @@ var (
 	descEngineReqs    = prometheus.NewDesc(ns+"engine_requests", "An engine's requests by state, as last scraped.", []string{"engine", "state"}, nil)
 	descEngineKV      = prometheus.NewDesc(ns+"engine_kv_cache_usage_ratio", "An engine's KV-cache usage, as last scraped.", []string{"engine"}, nil)
 	descEngineIndex   = prometheus.NewDesc(ns+"engine_index_blocks", "An engine's entries in the latest snapshot's index.", []string{"engine"}, nil)
+	descEngineDemand  = prometheus.NewDesc(ns+"engine_decode_demand_tokens_per_second", "Output tokens per second that the requests gateways routed to an engine asked for (max_tokens; 256 when unstated), decayed over 30 s: how evenly the pool's decoding is spread, whichever groups share an engine.", []string{"engine"}, nil)
 	descEnginePrefix  = prometheus.NewDesc(ns+"engine_prefixes", "The distinct prompt prefixes an engine's index entries hold that gateways routed there in the last minute, each weighed by the engine's share of its traffic, in the latest snapshot: what new prefixes are placed by.", []string{"engine"}, nil)
 )
 
@@ -31,6 +33,7 @@ func (d *Daemon) engineStatus() []service.EngineStatus {
 			}
 		}
 	}
+	now := time.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make([]service.EngineStatus, 0, len(d.engines))
@@ -39,7 +42,7 @@ func (d *Daemon) engineStatus() []service.EngineStatus {
 		row := service.EngineStatus{
 			Addr: addr, Name: e.d.Name, Kind: st.Kind.String(), Health: healthNames[snapshot.HealthUnknown],
 			Precise: e.precise, Template: templateName(e.template.renders, e.template.custom), Agreement: "unchecked",
-			IndexBlocks: blocks[addr], Prefixes: prefixes[addr],
+			IndexBlocks: blocks[addr], Prefixes: prefixes[addr], DecodeDemand: d.demand.Endpoint(addr, now),
 		}
 		if e.scraped {
 			row.Health = healthNames[st.Health]
@@ -87,5 +90,6 @@ func collectEngines(ch chan<- prometheus.Metric, rows []service.EngineStatus) {
 		gauge(descEngineKV, r.KVUsage, r.Addr)
 		gauge(descEngineIndex, float64(r.IndexBlocks), r.Addr)
 		gauge(descEnginePrefix, float64(r.Prefixes), r.Addr)
+		gauge(descEngineDemand, r.DecodeDemand, r.Addr)
 	}
 }

@@ -8,11 +8,13 @@
 //
 //	batch:  "KVRP" | u16 version | u16 0 | u32 records | u32 0 | record... | u64 XXH64(everything before)
 //	record: u8 recordTag | u8 len(endpoint) | u8 len(model) | u8 reason | u32 hashes | u32 cached |
-//	        endpoint | model | hashes x u64
+//	        u32 output | endpoint | model | hashes x u64
 //	outcome: u8 outcomeTag | u8 len(endpoint) | u16 0 | f32 wait | u32 0 | endpoint |
 //	        f32 uncached | f32 backlog | f32 running | f32 waiting | f32 predicted TTFT | f32 observed TTFT
 //
-// A routing record says where a prompt went; an outcome record, sent once
+// A routing record says where a prompt went and how many tokens the
+// request asked to generate (cachesync's move planner learns each prefix's
+// decode load from them); an outcome record, sent once
 // the request's first token is out, what its time to first token was
 // against what the policy predicted from the terms it saw (shared/predict),
 // for cachesync to fit the endpoint's latency model.
@@ -42,10 +44,11 @@ import (
 )
 
 // Version is the batch format version this package writes. It reads
-// versions 2 and 3 too, the same format without reasons (version 2: the
-// byte was 0) and without an outcome's wait (before 4: the word was 0), so
-// that gateways may be upgraded after cachesync.
-const Version = 4
+// versions 2 to 4 too, the same format without reasons (version 2: the
+// byte was 0), without an outcome's wait (before 4: the word was 0) and
+// without a routing record's output word (before 5), so that gateways may
+// be upgraded after cachesync.
+const Version = 5
 
 // Reasons are the decision reasons a record can carry, by their code; ""
 // (code 0) is a record that does not say. They are the filter's reason
@@ -66,6 +69,9 @@ const (
 	headerSize  = 16
 	trailerSize = 8
 	recordFixed = 12
+	// routeFixed is a routing record's fixed part from version 5 on: the
+	// output word follows the cached count.
+	routeFixed = 16
 	// recordTag and outcomeTag open every record: a record queued by a
 	// module built against another format is refused before it reaches a
 	// batch.
@@ -135,7 +141,14 @@ type Record struct {
 	Hashes   []uint64 // the prompt's chained block hashes, prefix first
 	Cached   int      // leading hashes the policy found cached at Endpoint
 	Reason   string   // why Endpoint was chosen: one of Reasons
+	// Output is how many tokens the request asked to generate (its
+	// max_tokens, or the policy's default), 0 to MaxOutput; 0 when not
+	// known.
+	Output int
 }
+
+// MaxOutput is the most output tokens a record carries.
+const MaxOutput = 1 << 24
 
 // AppendRecord appends r, encoded, to dst. It refuses an empty or overlong
 // endpoint, an overlong model, more than MaxHashes hashes, and a Cached count
@@ -150,6 +163,8 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 		return dst, errors.New("report: more than " + strconv.Itoa(MaxHashes) + " hashes")
 	case r.Cached < 0 || r.Cached > len(r.Hashes):
 		return dst, errors.New("report: cached count outside 0..hashes")
+	case r.Output < 0 || r.Output > MaxOutput:
+		return dst, errors.New("report: output tokens outside 0.." + strconv.Itoa(MaxOutput))
 	}
 	reason, ok := reasonCode(r.Reason)
 	if !ok {
@@ -158,6 +173,7 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 	dst = append(dst, recordTag, byte(len(r.Endpoint)), byte(len(r.Model)), reason)
 	dst = le.AppendUint32(dst, uint32(len(r.Hashes)))
 	dst = le.AppendUint32(dst, uint32(r.Cached))
+	dst = le.AppendUint32(dst, uint32(r.Output))
 	dst = append(dst, r.Endpoint...)
 	dst = append(dst, r.Model...)
 	for _, h := range r.Hashes {
@@ -233,6 +249,13 @@ func recordSize(b []byte, maxHashes int, version uint16) (size, hashes int, err 
 	if int(b[3]) >= len(Reasons) || (version < 3 && b[3] != 0) {
 		return 0, 0, corrupt("bad reason code")
 	}
+	fixed := routeFixedOf(version)
+	if len(b) < fixed {
+		return 0, 0, corrupt("record truncated")
+	}
+	if fixed == routeFixed && le.Uint32(b[12:]) > MaxOutput {
+		return 0, 0, corrupt("output tokens out of range")
+	}
 	ep, model := int(b[1]), int(b[2])
 	n, cached := le.Uint32(b[4:]), le.Uint32(b[8:])
 	if ep == 0 {
@@ -247,11 +270,20 @@ func recordSize(b []byte, maxHashes int, version uint16) (size, hashes int, err 
 		}
 		return 0, 0, errdetail.New(ErrLimit, "record with "+strconv.FormatUint(uint64(n), 10)+" hashes, limit "+strconv.Itoa(maxHashes))
 	}
-	size = recordFixed + ep + model + 8*int(n)
+	size = fixed + ep + model + 8*int(n)
 	if size > len(b) {
 		return 0, 0, corrupt("record truncated")
 	}
 	return size, int(n), nil
+}
+
+// routeFixedOf returns the size of a routing record's fixed part in a
+// batch of the version.
+func routeFixedOf(version uint16) int {
+	if version < 5 {
+		return recordFixed
+	}
+	return routeFixed
 }
 
 // Writer collects records into one batch. The zero value is an empty batch
@@ -327,6 +359,7 @@ type Batch struct {
 	recs   []byte
 	n      int
 	hashes int
+	fixed  int // a routing record's fixed part in this batch's version
 }
 
 // Parse checks b as a batch within lim and returns it. The batch keeps b;
@@ -339,7 +372,7 @@ func Parse(b []byte, lim Limits) (Batch, error) {
 		return Batch{}, corrupt("bad magic")
 	}
 	v := le.Uint16(b[4:])
-	if v != Version && v != 2 && v != 3 {
+	if v > Version || v < 2 {
 		return Batch{}, errdetail.New(ErrVersion, "version "+strconv.Itoa(int(v)))
 	}
 	end := len(b) - trailerSize
@@ -353,7 +386,7 @@ func Parse(b []byte, lim Limits) (Batch, error) {
 	if uint64(n) > uint64(lim.records()) {
 		return Batch{}, errdetail.New(ErrLimit, strconv.FormatUint(uint64(n), 10)+" records, limit "+strconv.Itoa(lim.records()))
 	}
-	bt := Batch{recs: b[headerSize:end], n: int(n)}
+	bt := Batch{recs: b[headerSize:end], n: int(n), fixed: routeFixedOf(v)}
 	p, maxHashes := bt.recs, lim.hashes()
 	for i := 0; i < bt.n; i++ {
 		size, h, err := recordSize(p, maxHashes, v)
@@ -384,11 +417,13 @@ func (b Batch) Records() iter.Seq[Entry] {
 		p := b.recs
 		for range b.n {
 			// Parse checked every record, so the sizes hold.
-			size := recordFixed + int(p[1]) + int(p[2]) + 8*int(le.Uint32(p[4:]))
+			fixed := b.fixed
+			size := fixed + int(p[1]) + int(p[2]) + 8*int(le.Uint32(p[4:]))
 			if p[0] == outcomeTag {
-				size = recordFixed + int(p[1]) + outcomeBody
+				fixed = recordFixed
+				size = fixed + int(p[1]) + outcomeBody
 			}
-			if !yield(Entry{b: p[:size:size]}) {
+			if !yield(Entry{b: p[:size:size], fixed: fixed}) {
 				return
 			}
 			p = p[size:]
@@ -398,7 +433,8 @@ func (b Batch) Records() iter.Seq[Entry] {
 
 // Entry is one record of a parsed batch, read in place.
 type Entry struct {
-	b []byte
+	b     []byte
+	fixed int // the size of its fixed part
 }
 
 // IsOutcome reports whether the entry is an outcome record (Outcome), not
@@ -418,11 +454,11 @@ func (e Entry) Outcome() Outcome {
 }
 
 // Endpoint returns the endpoint's ip:port. The slice aliases the batch.
-func (e Entry) Endpoint() []byte { return e.b[recordFixed : recordFixed+int(e.b[1])] }
+func (e Entry) Endpoint() []byte { return e.b[e.fixed : e.fixed+int(e.b[1])] }
 
 // Model returns the model name. The slice aliases the batch.
 func (e Entry) Model() []byte {
-	off := recordFixed + int(e.b[1])
+	off := e.fixed + int(e.b[1])
 	return e.b[off : off+int(e.b[2])]
 }
 
@@ -447,7 +483,16 @@ func (e Entry) NumHashes() int {
 // Hash returns hash i, 0 <= i < NumHashes().
 func (e Entry) Hash(i int) uint64 { return le.Uint64(e.b[e.hashOff()+8*i:]) }
 
-func (e Entry) hashOff() int { return recordFixed + int(e.b[1]) + int(e.b[2]) }
+func (e Entry) hashOff() int { return e.fixed + int(e.b[1]) + int(e.b[2]) }
+
+// Output returns how many tokens the request asked to generate; 0 when the
+// record does not say (an outcome record, or a batch before version 5).
+func (e Entry) Output() int {
+	if e.IsOutcome() || e.fixed < routeFixed {
+		return 0
+	}
+	return int(le.Uint32(e.b[12:]))
+}
 
 // AppendHashes appends the record's hashes, prefix first, to dst.
 func (e Entry) AppendHashes(dst []uint64) []uint64 {

@@ -25,6 +25,7 @@ func sample(n int) []Record {
 			Hashes:   hs,
 			Cached:   len(hs) / 2,
 			Reason:   Reasons[i%len(Reasons)],
+			Output:   (i * 37) % 2000,
 		}
 	}
 	return recs
@@ -48,7 +49,7 @@ func decoded(t *testing.T, b []byte, lim Limits) []Record {
 				t.Fatalf("Hash(%d) = %#x, AppendHashes has %#x", i, e.Hash(i), h)
 			}
 		}
-		out = append(out, Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason()})
+		out = append(out, Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason(), Output: e.Output()})
 	}
 	if len(out) != bt.Len() {
 		t.Fatalf("Records yielded %d, Len %d", len(out), bt.Len())
@@ -58,7 +59,7 @@ func decoded(t *testing.T, b []byte, lim Limits) []Record {
 
 func sameRecords(a, b []Record) bool {
 	return slices.EqualFunc(a, b, func(x, y Record) bool {
-		return x.Endpoint == y.Endpoint && x.Model == y.Model && x.Cached == y.Cached && x.Reason == y.Reason &&
+		return x.Endpoint == y.Endpoint && x.Model == y.Model && x.Cached == y.Cached && x.Reason == y.Reason && x.Output == y.Output &&
 			len(x.Hashes) == len(y.Hashes) && (len(x.Hashes) == 0 || slices.Equal(x.Hashes, y.Hashes))
 	})
 }
@@ -251,12 +252,11 @@ func TestOutcomes(t *testing.T) {
 	}
 	// Version 3 had no wait: the word was reserved, and a batch of that
 	// version carrying one is corrupt; its outcomes read with no wait.
-	v3 := slices.Clone(w.Bytes())
-	le.PutUint16(v3[4:], 3)
+	v3 := downgrade(t, w.Bytes(), 3)
 	if _, err := Parse(reseal(v3), Limits{}); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("a version 3 outcome with a wait: Parse = %v, want ErrCorrupt", err)
 	}
-	le.PutUint32(v3[headerSize+len(first)+4:], 0)
+	le.PutUint32(v3[headerSize+len(first)-4+4:], 0)
 	bt3, err := Parse(reseal(v3), Limits{})
 	if err != nil {
 		t.Fatalf("version 3 batch: %v", err)
@@ -280,6 +280,28 @@ func reseal(b []byte) []byte {
 	return b
 }
 
+// downgrade rewrites a batch to version v (2 to 4): its routing records
+// lose their output word, and their outputs read as 0. Reasons and waits
+// are left for the caller to clear.
+func downgrade(t *testing.T, b []byte, v uint16) []byte {
+	t.Helper()
+	bt, err := Parse(b, Limits{})
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	out := slices.Clone(b[:headerSize])
+	le.PutUint16(out[4:], v)
+	for e := range bt.Records() {
+		if e.IsOutcome() {
+			out = append(out, e.b...)
+			continue
+		}
+		out = append(out, e.b[:recordFixed]...)
+		out = append(out, e.b[routeFixed:]...)
+	}
+	return reseal(append(out, make([]byte, trailerSize)...))
+}
+
 // TestReadsVersion2: a batch from a gateway of the previous format (no
 // reasons) is still read, so cachesync may be upgraded first.
 func TestReadsVersion2(t *testing.T) {
@@ -293,9 +315,10 @@ func TestReadsVersion2(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b := slices.Clone(w.Bytes())
-	b[4] = 2
-	if got := decoded(t, reseal(b), Limits{}); !sameRecords(got, recs) {
+	for i := range recs {
+		recs[i].Output = 0
+	}
+	if got := decoded(t, downgrade(t, w.Bytes(), 2), Limits{}); !sameRecords(got, recs) {
 		t.Errorf("version 2 batch read as %+v", got)
 	}
 }
@@ -310,7 +333,7 @@ func TestParseRejects(t *testing.T) {
 		}
 	}
 	good := slices.Clone(w.Bytes())
-	rec2 := len(good) - 8 - (recordFixed + len(recs[2].Endpoint) + len(recs[2].Model) + 32)
+	rec2 := len(good) - 8 - (routeFixed + len(recs[2].Endpoint) + len(recs[2].Model) + 32)
 	edit := func(f func(b []byte) []byte) []byte { return reseal(f(slices.Clone(good))) }
 	for _, tc := range []struct {
 		name string
@@ -332,6 +355,7 @@ func TestParseRejects(t *testing.T) {
 		{"a reason in version 2", edit(func(b []byte) []byte { b[4] = 2; b[rec2+3] = 1; return b }), Limits{}, ErrCorrupt},
 		{"no endpoint", edit(func(b []byte) []byte { b[rec2+1] = 0; return b }), Limits{}, ErrCorrupt},
 		{"cached over hashes", edit(func(b []byte) []byte { b[rec2+8] = 5; return b }), Limits{}, ErrCorrupt},
+		{"output out of range", edit(func(b []byte) []byte { le.PutUint32(b[rec2+12:], MaxOutput+1); return b }), Limits{}, ErrCorrupt},
 		{"hash count past end", edit(func(b []byte) []byte { b[rec2+4] = 5; return b }), Limits{}, ErrCorrupt},
 		{"hash count huge", edit(func(b []byte) []byte { le.PutUint32(b[rec2+4:], 1<<31); return b }), Limits{MaxHashes: 1 << 30}, ErrCorrupt},
 		{"too many records", good, Limits{MaxRecords: 2}, ErrLimit},
@@ -428,15 +452,14 @@ func FuzzParse(f *testing.F) {
 					continue
 				}
 				hs = e.AppendHashes(hs[:0])
-				r := Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason()}
+				r := Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason(), Output: e.Output()}
 				if err := w.Add(&r); err != nil {
 					t.Fatalf("accepted record %+v does not encode: %v", r, err)
 				}
 			}
 			got := slices.Clone(w.Bytes())
-			if (raw[4] == 2 || raw[4] == 3) && len(got) > 4 { // older versions read, version 4 writes
-				got[4] = raw[4]
-				got = reseal(got)
+			if raw[4] < Version { // older versions read, the current one writes
+				got = downgrade(t, got, uint16(raw[4]))
 			}
 			if string(got) != string(raw) {
 				t.Fatalf("re-encoded batch differs:\n%x\n%x", got, raw)

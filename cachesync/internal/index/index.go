@@ -111,6 +111,10 @@ type Config struct {
 	// OnOutcome, if set, receives the outcome records of report batches
 	// (what requests' first tokens took), from the builder loop.
 	OnOutcome func(endpoint string, o report.Outcome)
+	// OnRoute, if set, receives the routing records of report batches
+	// that name an endpoint the index knows, from the builder loop; the
+	// entry aliases the batch and must not be kept.
+	OnRoute func(e report.Entry)
 	// Registerer, if set, receives the index's metrics.
 	Registerer prometheus.Registerer
 	// Logger logs endpoint changes; nil means slog.Default().
@@ -122,6 +126,7 @@ type Index struct {
 	interval    time.Duration
 	defaultCap  int
 	onOutcome   func(string, report.Outcome)
+	onRoute     func(report.Entry)
 	pendingTTL  time.Duration
 	now         func() time.Time // time.Now; tests step it
 	maxPending  int
@@ -224,6 +229,7 @@ func New(cfg Config) (*Index, error) {
 		maxPending:  cmp.Or(cfg.MaxPending, DefaultMaxPending),
 		maxReported: cmp.Or(cfg.MaxPendingHashes, DefaultMaxPendingHashes),
 		onOutcome:   cfg.OnOutcome,
+		onRoute:     cfg.OnRoute,
 		pendingTTL:  max(cfg.PendingTTL, 0),
 		now:         time.Now,
 		log:         cfg.Logger,
@@ -772,6 +778,9 @@ func (x *Index) applyReports() {
 			if ep == nil {
 				unknown++
 				continue
+			}
+			if x.onRoute != nil {
+				x.onRoute(e)
 			}
 			if e.NumHashes() > 0 {
 				x.noteRoot(ep, e.Hash(0), now)

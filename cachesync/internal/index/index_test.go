@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -664,14 +665,17 @@ func value(c prometheus.Collector) float64 {
 
 // TestOutcomesGoToTheHook checks that outcome records in a report batch
 // reach Config.OnOutcome with their endpoint, are counted as outcomes and
-// never touch the prefix index.
+// never touch the prefix index; routing records for a known endpoint reach
+// Config.OnRoute with their output.
 func TestOutcomesGoToTheHook(t *testing.T) {
 	type got struct {
 		addr string
 		o    report.Outcome
 	}
 	var seen []got
-	x := newIndex(t, Config{OnOutcome: func(a string, o report.Outcome) { seen = append(seen, got{a, o}) }})
+	var routed []string
+	x := newIndex(t, Config{OnOutcome: func(a string, o report.Outcome) { seen = append(seen, got{a, o}) },
+		OnRoute: func(e report.Entry) { routed = append(routed, string(e.Endpoint())+" "+strconv.Itoa(e.Output())) }})
 	addEndpoints(t, x, 1, Approximate)
 	out := report.Outcome{Endpoint: addr(0), Features: predict.Features{Uncached: 10, Running: 2}, Predicted: 0.5, Observed: 0.25}
 	rec, err := report.AppendOutcome(nil, &out)
@@ -682,8 +686,10 @@ func TestOutcomesGoToTheHook(t *testing.T) {
 	if _, err := w.AddEncoded(rec); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Add(&report.Record{Endpoint: addr(0), Hashes: hs(1)}); err != nil {
-		t.Fatal(err)
+	for _, r := range []report.Record{{Endpoint: addr(0), Hashes: hs(1), Output: 120}, {Endpoint: "10.9.9.9:1", Hashes: hs(2)}} {
+		if err := w.Add(&r); err != nil {
+			t.Fatal(err)
+		}
 	}
 	bt, err := report.Parse(w.Bytes(), report.Limits{})
 	if err != nil {
@@ -691,6 +697,9 @@ func TestOutcomesGoToTheHook(t *testing.T) {
 	}
 	x.Report(bt)
 	im := x.Publish()
+	if want := []string{addr(0) + " 120"}; !slices.Equal(routed, want) {
+		t.Errorf("route hook saw %q, want %q", routed, want)
+	}
 	out.Endpoint = ""
 	if len(seen) != 1 || seen[0].addr != addr(0) || seen[0].o != out {
 		t.Fatalf("hook saw %+v, want one outcome %+v for %s", seen, out, addr(0))
@@ -698,7 +707,7 @@ func TestOutcomesGoToTheHook(t *testing.T) {
 	if got := read(t, im, hs(1)); !equalState(got, state{H(1): {addr(0): snapshot.TierGPU}}) {
 		t.Errorf("index %v: want only the routing record's block", got)
 	}
-	for label, want := range map[string]float64{"applied": 1, "outcome": 1, "unknown_endpoint": 0} {
+	for label, want := range map[string]float64{"applied": 1, "outcome": 1, "unknown_endpoint": 1} {
 		if got := value(x.m.records.WithLabelValues(label)); got != want {
 			t.Errorf("%s records = %v, want %v", label, got, want)
 		}

@@ -32,6 +32,9 @@ type EngineStatus struct {
 	// Prefixes are the prefixes it holds that gateways recently routed
 	// there, in the latest snapshot (snapshot.Endpoint.Prefixes).
 	Prefixes int
+	// DecodeDemand is the output tokens per second that the requests
+	// gateways routed to it recently asked for (cachesync/internal/demand).
+	DecodeDemand float64
 }
 
 // StatusRefresh is how often the status page reloads itself.
@@ -58,7 +61,7 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}
 <h2>Engines</h2>
 <table id="engines">
 <tr><th class="l">engine</th><th class="l">name</th><th class="l">kind</th><th class="l">health</th><th class="l">mode</th><th class="l">template</th><th class="l">template check</th>
-<th>prefill rate (tokens/s)</th><th>running</th><th>waiting</th><th>KV cache used (%)</th><th>index entries</th><th>prefixes</th></tr>
+<th>prefill rate (tokens/s)</th><th>running</th><th>waiting</th><th>KV cache used (%)</th><th>index entries</th><th>prefixes</th><th>decode demand (tokens/s)</th></tr>
 {{range .Engines}}<tr data-engine="{{.Addr}}">
 <td class="l">{{.Addr}}</td><td class="l">{{.Name}}</td><td class="l">{{.Kind}}</td>
 <td class="l{{if ne .Health "healthy"}} bad{{end}}">{{.Health}}</td>
@@ -70,6 +73,7 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}
 <td data-metric='kvroute_cachesync_engine_kv_cache_usage_ratio{engine="{{.Addr}}"}' data-value="{{num .KVUsage}}">{{pct .KVUsage}}</td>
 <td data-metric='kvroute_cachesync_engine_index_blocks{engine="{{.Addr}}"}' data-value="{{.IndexBlocks}}">{{.IndexBlocks}}</td>
 <td data-metric='kvroute_cachesync_engine_prefixes{engine="{{.Addr}}"}' data-value="{{.Prefixes}}">{{.Prefixes}}</td>
+<td data-metric='kvroute_cachesync_engine_decode_demand_tokens_per_second{engine="{{.Addr}}"}' data-value="{{num .DecodeDemand}}">{{printf "%.0f" .DecodeDemand}}</td>
 </tr>{{end}}
 </table>
 <h2>Snapshot</h2>

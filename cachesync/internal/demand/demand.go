@@ -1,0 +1,263 @@
+// Package demand learns, from the gateways' routing reports, how much
+// decoding each prefix group brings to each endpoint: the output tokens its
+// requests ask for, per second, decayed over a time constant.
+//
+// It is the first part of the move planner (the README's Left out): which
+// groups share an engine decides the last few percent of a pool's
+// throughput, and a group's first request, which places it, cannot tell
+// how long its answers will run. The planner needs each group's demand to
+// choose a move; an operator needs each endpoint's to see the imbalance
+// before any move exists, and that is what this package exports today.
+//
+// A group is the requests whose prompts share their first GroupDepth
+// blocks: a tenant's system prompt, a document's head. Its key is the
+// chained hash of those blocks (shared/blockhash), which names all of
+// them. A prompt shorter than that is a group of its own.
+package demand
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/report"
+)
+
+// GroupDepth is how many leading blocks name a prompt's group: 16 blocks
+// of 64 bytes, about 250 tokens, past a chat template's preamble and into
+// what the tenant wrote.
+const GroupDepth = 16
+
+// Defaults for Config.
+const (
+	// DefaultTimeConstant spans several b2b-saas stages' worth of a
+	// group's requests at low rates (0.5 req/s a group at 8 req/s), so
+	// that a group's five prompts have all been seen; shorter reads one
+	// long answer as a long-answering group.
+	DefaultTimeConstant = 30 * time.Second
+	// DefaultMaxGroups bounds the groups tracked; past it the least
+	// demanding are dropped.
+	DefaultMaxGroups = 1 << 16
+	// DefaultOutputTokens is what a request that states no max_tokens is
+	// taken to ask for: the policy's default (shared/policy).
+	DefaultOutputTokens = 256
+)
+
+// Config configures a Tracker. The zero value means the defaults.
+type Config struct {
+	TimeConstant        time.Duration
+	MaxGroups           int
+	DefaultOutputTokens int
+}
+
+// Tracker accumulates demand. It is safe for concurrent use.
+type Tracker struct {
+	tau      float64 // seconds
+	maxG     int
+	defOut   float64
+	mu       sync.Mutex
+	groups   map[uint64]*group
+	eps      map[string]*level // per endpoint, over all its groups
+	lastTrim int64
+}
+
+// level is an exponentially decayed sum: value as of at (Unix ns).
+type level struct {
+	value float64
+	at    int64
+}
+
+// add decays l to now and adds x. A report older than l's last counts
+// undecayed: gateways' batches arrive a little out of order.
+func (l *level) add(now int64, tau, x float64) {
+	if now <= l.at {
+		l.value += x
+		return
+	}
+	l.value = l.valueAt(now, tau) + x
+	l.at = now
+}
+
+// valueAt returns l's value decayed to now.
+func (l *level) valueAt(now int64, tau float64) float64 {
+	if now <= l.at {
+		return l.value
+	}
+	return l.value * math.Exp(-float64(now-l.at)/1e9/tau)
+}
+
+type group struct {
+	eps map[string]*level
+}
+
+// New returns a Tracker.
+func New(cfg Config) *Tracker {
+	t := &Tracker{tau: cfg.TimeConstant.Seconds(), maxG: cfg.MaxGroups, defOut: float64(cfg.DefaultOutputTokens),
+		groups: map[uint64]*group{}, eps: map[string]*level{}}
+	if t.tau <= 0 {
+		t.tau = DefaultTimeConstant.Seconds()
+	}
+	if t.maxG <= 0 {
+		t.maxG = DefaultMaxGroups
+	}
+	if t.defOut <= 0 {
+		t.defOut = DefaultOutputTokens
+	}
+	return t
+}
+
+// Record counts the request of a routing record (not an outcome record):
+// its prompt's group, its endpoint, the output tokens it asked for. A
+// record of no hash names no group and is not counted.
+func (t *Tracker) Record(e report.Entry, now time.Time) {
+	if n := e.NumHashes(); n > 0 {
+		t.Add(string(e.Endpoint()), e.Hash(min(n, GroupDepth)-1), e.Output(), now)
+	}
+}
+
+// Add counts one request routed to endpoint, of a prompt of group key,
+// asking for output tokens (0: it did not say).
+func (t *Tracker) Add(endpoint string, key uint64, output int, now time.Time) {
+	x := float64(output)
+	if output <= 0 {
+		x = t.defOut
+	}
+	ns := now.UnixNano()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	g := t.groups[key]
+	if g == nil {
+		if len(t.groups) >= t.maxG {
+			t.trim(ns)
+		}
+		g = &group{eps: map[string]*level{}}
+		t.groups[key] = g
+	}
+	l := g.eps[endpoint]
+	if l == nil {
+		l = &level{at: ns}
+		g.eps[endpoint] = l
+	}
+	l.add(ns, t.tau, x)
+	e := t.eps[endpoint]
+	if e == nil {
+		e = &level{at: ns}
+		t.eps[endpoint] = e
+	}
+	e.add(ns, t.tau, x)
+}
+
+// trim drops the least demanding quarter of the groups; t.mu is held.
+// Trimming costs a sort of every group, so it runs at most once per time
+// constant: between trims the map may grow past the bound by what a time
+// constant's new groups add.
+func (t *Tracker) trim(now int64) {
+	if float64(now-t.lastTrim) < t.tau*1e9 && len(t.groups) < 2*t.maxG {
+		return
+	}
+	t.lastTrim = now
+	type kv struct {
+		key  uint64
+		rate float64
+	}
+	all := make([]kv, 0, len(t.groups))
+	for k, g := range t.groups {
+		all = append(all, kv{k, g.total(now, t.tau)})
+	}
+	slices.SortFunc(all, func(a, b kv) int {
+		if a.rate != b.rate {
+			if a.rate < b.rate {
+				return -1
+			}
+			return 1
+		}
+		if a.key < b.key {
+			return -1
+		}
+		return 1
+	})
+	for _, x := range all[:len(all)/4+1] {
+		delete(t.groups, x.key)
+	}
+}
+
+func (g *group) total(now int64, tau float64) float64 {
+	s := 0.0
+	for _, l := range g.eps {
+		s += l.valueAt(now, tau)
+	}
+	return s
+}
+
+// Endpoint returns the output tokens per second the requests routed to
+// endpoint ask for, as of now.
+func (t *Tracker) Endpoint(endpoint string, now time.Time) float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l := t.eps[endpoint]; l != nil {
+		return l.valueAt(now.UnixNano(), t.tau) / t.tau
+	}
+	return 0
+}
+
+// Forget drops an endpoint's demand: it left the pool.
+func (t *Tracker) Forget(endpoint string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.eps, endpoint)
+	for k, g := range t.groups {
+		delete(g.eps, endpoint)
+		if len(g.eps) == 0 {
+			delete(t.groups, k)
+		}
+	}
+}
+
+// Share is one group's demand at one endpoint.
+type Share struct {
+	Endpoint string
+	Rate     float64 // output tokens per second
+}
+
+// Group is one group's demand.
+type Group struct {
+	Key    uint64
+	Rate   float64 // output tokens per second over every endpoint
+	Shares []Share // by endpoint address
+}
+
+// Groups returns every group's demand as of now, the most demanding first.
+func (t *Tracker) Groups(now time.Time) []Group {
+	ns := now.UnixNano()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Group, 0, len(t.groups))
+	for k, g := range t.groups {
+		x := Group{Key: k}
+		for ep, l := range g.eps {
+			r := l.valueAt(ns, t.tau) / t.tau
+			x.Rate += r
+			x.Shares = append(x.Shares, Share{ep, r})
+		}
+		slices.SortFunc(x.Shares, func(a, b Share) int {
+			if a.Endpoint < b.Endpoint {
+				return -1
+			}
+			return 1
+		})
+		out = append(out, x)
+	}
+	slices.SortFunc(out, func(a, b Group) int {
+		switch {
+		case a.Rate > b.Rate:
+			return -1
+		case a.Rate < b.Rate:
+			return 1
+		case a.Key < b.Key:
+			return -1
+		}
+		return 1
+	})
+	return out
+}

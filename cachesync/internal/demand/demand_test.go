@@ -1,0 +1,166 @@
+package demand
+
+import (
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/report"
+)
+
+// TestRecord: a routing record counts for the group its head names, at
+// the endpoint it names, with the output it asked for.
+func TestRecord(t *testing.T) {
+	long := make([]uint64, 40)
+	for i := range long {
+		long[i] = uint64(i + 1)
+	}
+	var w report.Writer
+	for _, r := range []report.Record{
+		{Endpoint: "a", Hashes: long, Output: 100},                // group GroupDepth
+		{Endpoint: "a", Hashes: long[:GroupDepth+3], Output: 100}, // the same group
+		{Endpoint: "b", Hashes: long[:9], Output: 50},             // short: a group of its own
+		{Endpoint: "b"}, // no hash: no group
+	} {
+		if err := w.Add(&r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bt, err := report.Parse(w.Bytes(), report.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := New(Config{TimeConstant: time.Second})
+	now := time.Unix(1000, 0)
+	for e := range bt.Records() {
+		tr.Record(e, now)
+	}
+	gs := tr.Groups(now)
+	if len(gs) != 2 || gs[0].Key != GroupDepth || !near(gs[0].Rate, 200) || gs[1].Key != 9 || !near(gs[1].Rate, 50) {
+		t.Fatalf("groups %+v, want %d at 200 tokens/s and 9 at 50", gs, GroupDepth)
+	}
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }
+
+// TestSteadyRate: a group sending one request a second asking for 150
+// tokens reads, once the time constant has passed several times over,
+// 150 output tokens a second at its endpoint, and its share is where it
+// was routed.
+func TestSteadyRate(t *testing.T) {
+	tr := New(Config{TimeConstant: 10 * time.Second})
+	t0 := time.Unix(1000, 0)
+	now := t0
+	for i := range 200 {
+		now = t0.Add(time.Duration(i) * time.Second)
+		tr.Add("a", 7, 150, now)
+		if i%2 == 0 {
+			tr.Add("b", 8, 0, now) // no max_tokens: the default
+		}
+	}
+	// Exponential smoothing of a step train reads a little above its mean
+	// right after a step: within 1/(2 tau) of it.
+	if got := tr.Endpoint("a", now); math.Abs(got-150) > 150*0.06 {
+		t.Errorf("endpoint a: %.1f tokens/s, want about 150", got)
+	}
+	if got := tr.Endpoint("b", now); math.Abs(got-DefaultOutputTokens/2) > DefaultOutputTokens*0.06 {
+		t.Errorf("endpoint b: %.1f tokens/s, want about %d", got, DefaultOutputTokens/2)
+	}
+	gs := tr.Groups(now)
+	if len(gs) != 2 || gs[0].Key != 7 || len(gs[0].Shares) != 1 || gs[0].Shares[0].Endpoint != "a" || !near(gs[0].Rate, gs[0].Shares[0].Rate) {
+		t.Fatalf("groups %+v, want group 7 first, all at a", gs)
+	}
+	if got := tr.Endpoint("nobody", now); got != 0 {
+		t.Errorf("an endpoint without requests reads %v", got)
+	}
+}
+
+// TestDecay: demand that stops fades by e every time constant.
+func TestDecay(t *testing.T) {
+	tr := New(Config{TimeConstant: 10 * time.Second})
+	t0 := time.Unix(1000, 0)
+	tr.Add("a", 1, 100, t0)
+	want := 100.0 / 10
+	for _, d := range []time.Duration{0, 10 * time.Second, 20 * time.Second} {
+		if got := tr.Endpoint("a", t0.Add(d)); !near(got, want) {
+			t.Errorf("after %v: %v, want %v", d, got, want)
+		}
+		want /= math.E
+	}
+	// A report stamped before the last one counts undecayed, not negative.
+	tr.Add("a", 1, 100, t0.Add(-time.Second))
+	if got := tr.Endpoint("a", t0); !near(got, 20) {
+		t.Errorf("after an out-of-order report: %v, want 20", got)
+	}
+}
+
+// TestSplitGroup: a group whose requests went to two endpoints shows
+// both shares.
+func TestSplitGroup(t *testing.T) {
+	tr := New(Config{})
+	now := time.Unix(1000, 0)
+	tr.Add("b", 3, 300, now)
+	tr.Add("a", 3, 100, now)
+	gs := tr.Groups(now)
+	if len(gs) != 1 || len(gs[0].Shares) != 2 || gs[0].Shares[0].Endpoint != "a" || !near(gs[0].Shares[1].Rate, 3*gs[0].Shares[0].Rate) ||
+		!near(gs[0].Rate, gs[0].Shares[0].Rate+gs[0].Shares[1].Rate) {
+		t.Fatalf("groups %+v, want one of two shares, b three times a", gs)
+	}
+	tr.Forget("b")
+	if gs := tr.Groups(now); len(gs) != 1 || len(gs[0].Shares) != 1 || tr.Endpoint("b", now) != 0 {
+		t.Fatalf("after forgetting b: groups %+v, b %v", gs, tr.Endpoint("b", now))
+	}
+	tr.Forget("a")
+	if gs := tr.Groups(now); len(gs) != 0 {
+		t.Fatalf("after forgetting both: groups %+v", gs)
+	}
+}
+
+// TestBounded: unique prompts do not grow the tracker past its bound, and
+// trimming keeps the demanding groups.
+func TestBounded(t *testing.T) {
+	tr := New(Config{MaxGroups: 100, TimeConstant: time.Second})
+	now := time.Unix(1000, 0)
+	for i := range 10_000 {
+		now = now.Add(time.Millisecond)
+		if i%100 == 0 {
+			tr.Add("a", 0, 100, now) // a hot group
+		}
+		tr.Add("a", uint64(i+1), 1, now)
+	}
+	gs := tr.Groups(now)
+	if len(gs) > 200 {
+		t.Fatalf("%d groups tracked, bound 100 (200 between trims)", len(gs))
+	}
+	if gs[0].Key != 0 {
+		t.Fatalf("the hot group was trimmed: first is %d", gs[0].Key)
+	}
+}
+
+func TestConcurrent(t *testing.T) {
+	tr := New(Config{})
+	now := time.Unix(1000, 0)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 1000 {
+				tr.Add(string(rune('a'+w)), uint64(i%10), 100, now)
+				_ = tr.Endpoint("a", now)
+				if i%100 == 0 {
+					_ = tr.Groups(now)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	total := 0.0
+	for _, g := range tr.Groups(now) {
+		total += g.Rate
+	}
+	if want := 4 * 1000 * 100 / DefaultTimeConstant.Seconds(); !near(total, want) {
+		t.Fatalf("total %v tokens/s, want %v", total, want)
+	}
+}
