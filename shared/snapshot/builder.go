@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/kvroute/kvroute/shared/predict"
@@ -72,6 +73,10 @@ type EndpointInfo struct {
 	// Slots are the engine's sequence slots and the prompts they hold, for
 	// an engine whose cache is a prompt per slot; nil for any other.
 	Slots []EngineSlot
+	// Pins are the keys (GroupKey) of the prompt groups cachesync's
+	// planner moved to the endpoint, at most MaxPins: the policy sends
+	// their requests here while the endpoint can take them.
+	Pins []uint64
 }
 
 func (e *EndpointInfo) validate() error {
@@ -107,6 +112,9 @@ func (e *EndpointInfo) validate() error {
 	}
 	if !(e.PrefillRate >= 0 && e.PrefillRate <= math.MaxFloat32) {
 		return errors.New("snapshot: endpoint " + e.Addr + ": prefill rate out of range")
+	}
+	if len(e.Pins) > MaxPins {
+		return errors.New("snapshot: endpoint " + e.Addr + " has more than " + strconv.Itoa(MaxPins) + " pinned groups")
 	}
 	return validateSlots(e.Addr, e.Slots)
 }
@@ -221,6 +229,7 @@ func (b *Builder) SetEndpoint(info EndpointInfo) (int, error) {
 	info.Models = slices.Clone(info.Models)
 	info.Adapters = slices.Clone(info.Adapters)
 	// Sorted once here rather than at every Build: rows go out by slot id.
+	info.Pins = slices.Clone(info.Pins)
 	info.Slots = slices.Clone(info.Slots)
 	slices.SortFunc(info.Slots, func(a, b EngineSlot) int { return a.ID - b.ID })
 	for i := range info.Slots {

@@ -81,6 +81,7 @@
 //	     2I    name ids (uint16); each endpoint's list is contiguous
 //	     T     strings: addresses and names
 //	     192R  engine slot rows, by endpoint slot and then engine slot id
+//	     16P   pin rows, by key; P is the sum of the endpoint rows' pin counts
 //
 // A reference is the part's generation (uint64), checksum (uint64), size
 // (uint32) and entry count (uint32). An endpoint row:
@@ -97,7 +98,7 @@
 //	           name from the report on (the endpoint is approximate, or
 //	           cachesync counts reported blocks as pending until its KV
 //	           events confirm them); the other bits 0
-//	23   1     reserved, 0
+//	23   1     pin count: the prompt groups pinned to the endpoint, 0 to 255
 //	24   4     running requests
 //	28   4     waiting requests
 //	32   4     in-flight prefill tokens
@@ -129,6 +130,15 @@
 //	16   176   the prompt's chained block hash at each of the depths 1, 2,
 //	           3, 4, 6, 8, 12, 16, 24, ... 1536, 2048 blocks (each about
 //	           1.5 times the one before) up to the K-th, the rest 0
+//
+// A pin row, one for each prompt group cachesync's planner moved to an
+// endpoint (GroupKey; the policy sends the group's requests there while
+// the endpoint can take them), keys strictly rising, each endpoint's rows
+// as many as its pin count:
+//
+//	0    8     the group's key: the chained hash of its first 16 blocks
+//	8    2     endpoint slot
+//	10   6     reserved, 0
 //
 // The templates body (the chat templates of models whose engines render
 // with a template kvroute has no name for, an endpoint's template byte

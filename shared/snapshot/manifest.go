@@ -35,6 +35,7 @@ type Manifest struct {
 	ids       []byte // uint16 name ids, endpoints' lists back to back
 	strs      []byte
 	slots     []byte // slotRowSize per engine slot row
+	pins      []byte // pinRowSize per pinned group
 }
 
 // ParseManifest checks b and returns the manifest it holds. The manifest
@@ -66,7 +67,15 @@ func (m *Manifest) parse(b []byte) error {
 		return corrupt("manifest: bad shard bits or endpoint count")
 	}
 	shards := uint64(1) << bits
-	size := manifestFixed + refSize*shards + endpointSize*uint64(n) + nameSize*uint64(nm) + 2*uint64(nid) + uint64(ns) + uint64(slotRowSize)*nslots + trailerSize
+	epsAt := manifestFixed + refSize*shards
+	if epsAt+endpointSize*uint64(n)+trailerSize > uint64(len(b)) {
+		return corrupt("manifest: size does not match its counts")
+	}
+	npins := uint64(0)
+	for i := range uint64(n) {
+		npins += uint64(b[epsAt+endpointSize*i+23])
+	}
+	size := epsAt + endpointSize*uint64(n) + nameSize*uint64(nm) + 2*uint64(nid) + uint64(ns) + uint64(slotRowSize)*nslots + pinRowSize*npins + trailerSize
 	if size != uint64(len(b)) {
 		return corrupt("manifest: size does not match its counts")
 	}
@@ -77,7 +86,8 @@ func (m *Manifest) parse(b []byte) error {
 	m.eps, p = p[:endpointSize*n], p[endpointSize*n:]
 	m.names, p = p[:nameSize*nm], p[nameSize*nm:]
 	m.ids, p = p[:2*nid], p[2*nid:]
-	m.strs, m.slots = p[:ns], p[ns:]
+	m.strs, p = p[:ns], p[ns:]
+	m.slots, m.pins = p[:uint64(slotRowSize)*nslots], p[uint64(slotRowSize)*nslots:]
 	return m.check()
 }
 
@@ -110,7 +120,10 @@ func (m *Manifest) check() error {
 			return corrupt("manifest: bad endpoint " + strconv.Itoa(i))
 		}
 	}
-	return m.checkSlots()
+	if err := m.checkSlots(); err != nil {
+		return err
+	}
+	return m.checkPins()
 }
 
 // Generation returns the snapshot's generation.
@@ -170,7 +183,7 @@ func (e Endpoint) valid(m *Manifest) bool {
 	r := e.r
 	addrOff, addrLen := uint64(le.Uint32(r[8:])), uint64(le.Uint16(r[12:]))
 	names, idOff := uint64(le.Uint16(r[14:])), uint64(le.Uint32(r[16:]))
-	if r[22] > 1 || r[23] != 0 || !prompt.Template(r[21]).Known() {
+	if r[22] > 1 || !prompt.Template(r[21]).Known() {
 		return false
 	}
 	if addrLen == 0 { // vacant: nothing else may be set
@@ -358,6 +371,7 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 	}
 
 	slotRows, nslots := appendSlotRows(nil, eps)
+	pinRows, pins := appendPinRows(nil, eps)
 
 	start := len(dst)
 	dst = appendHeader(dst, KindManifest, gen)
@@ -385,6 +399,7 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 			if e.info.ShowsReports {
 				r[22] = 1
 			}
+			r[23] = byte(pins[i])
 			le.PutUint32(r[24:], uint32(e.info.Running))
 			le.PutUint32(r[28:], uint32(e.info.Waiting))
 			le.PutUint32(r[32:], uint32(e.info.PrefillTokens))
@@ -423,6 +438,7 @@ func appendManifest(dst []byte, gen uint64, created time.Time, bpt float32, shar
 	}
 	dst = append(dst, strs...)
 	dst = append(dst, slotRows...)
+	dst = append(dst, pinRows...)
 	return finishPart(dst, start)
 }
 

@@ -12,7 +12,7 @@ import (
 
 // Version is the format version this package writes and the only one it
 // reads.
-const Version = 7
+const Version = 8
 
 const (
 	partMagic   = "KVRS"
