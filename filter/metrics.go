@@ -30,7 +30,7 @@ type stats struct {
 
 // The decision reasons: the policy's, then the rendezvous fallback and
 // the pin to a previous response's engine.
-const numReasons = 6
+const numReasons = 7
 
 var reasonNames = [numReasons]string{
 	policy.ReasonAffinity.String(),
@@ -39,6 +39,7 @@ var reasonNames = [numReasons]string{
 	policy.ReasonFallback.String(),
 	reasonRendezvous,
 	reasonResponse,
+	policy.ReasonMoved.String(),
 }
 
 func newStats() *stats {

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+
+	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
 // choose picks among the candidates placeNew and placeCopies left roomy.
@@ -16,12 +18,16 @@ import (
 // holds must meet them with sloRoom to spare to be chosen for them; one
 // that meets them without is still one that meets them (meets true). It
 // also returns the runner-up: the least price among the others, -1 if
-// there is none.
-func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, meets bool) {
+// there is none. Before all that, the endpoint the request's group is
+// pinned to (pin, -1 for none) takes it if it follows the pin (follows).
+func (p *Picker) choose(cands []cand, j *job, random uint64, pin int) (pick, runner int, meets bool) {
 	tol := p.cfg.TieTolerance.Seconds()
 	slo := j.slo()
 	pick = -1
-	if slo {
+	if pin >= 0 && follows(cands, pin, j) {
+		pick = pin
+	}
+	if slo && pick < 0 {
 		best := -1.0
 		for i := range cands {
 			c := &cands[i]
@@ -67,6 +73,46 @@ func (p *Picker) choose(cands []cand, j *job, random uint64) (pick, runner int, 
 		}
 	}
 	return pick, runner, meets
+}
+
+// pinnedTo returns the candidate the group of a prompt of hashes is
+// pinned to in m, -1 if none.
+func pinnedTo(m *snapshot.Manifest, hashes []uint64, cands []cand) int {
+	if !m.HasPins() {
+		return -1
+	}
+	key, ok := snapshot.GroupKey(hashes)
+	if !ok {
+		return -1
+	}
+	if t, ok := m.Pinned(key); ok && t < len(cands) {
+		return t
+	}
+	return -1
+}
+
+// follows reports whether candidate t takes a request of a group pinned to
+// it: it is eligible, not saturated by its decode load, meets the
+// request's SLOs, and its first token is predicted within two cold
+// prefills of the whole prompt of the quickest endpoint's: its own, which
+// the move pays once, and one of queue. The planner moved the group for
+// the decode load it brings over minutes; this request's own price, which
+// a move's first request pays a cold prefill in, cannot weigh that
+// (saturate.go says why), so the pin overrides the price, the copy rules
+// and placement. It does not override what the pool's state of the moment
+// says against it: then the request is routed as if unpinned, and the
+// planner drops a pin its group's requests do not follow.
+func follows(cands []cand, t int, j *job) bool {
+	c := &cands[t]
+	if !c.eligible || c.saturated || !c.meets(j, 0) {
+		return false
+	}
+	for i := range cands {
+		if q := &cands[i]; q.eligible && c.ttft > q.ttft+2*c.cold {
+			return false
+		}
+	}
+	return true
 }
 
 // sloRoom is the share of an SLO by which an endpoint holding less of the

@@ -98,12 +98,26 @@
 // them.
 // With an SLO stated, the SLO is the operator's word for saturation.
 //
+// # Moved groups
+//
+// cachesync's planner pins a prompt group (snapshot.GroupKey) to an
+// endpoint to spread the pool's decoding: a group is placed by its first
+// request, which cannot tell how long the group's answers run. A request
+// of a pinned group goes to the pinned endpoint, cold or not, overriding
+// the price, the copy rules and placement, unless the endpoint is
+// ineligible, saturated, misses a stated SLO, or is predicted its first
+// token more than two cold prefills of the whole prompt after the
+// quickest endpoint's (follows).
+//
 // # Reasons
 //
 //   - affinity: the chosen endpoint holds (within a block) the most of the
 //     prompt of any;
 //   - saturated-release: a warmer endpoint was priced out by its load;
 //   - least-load: no endpoint holds any of it: placed by load and room;
+//   - moved: the prompt's group is pinned (snapshot.Manifest.Pinned) to an
+//     endpoint holding less of it than another: cachesync's planner is
+//     moving the group there to spread the pool's decoding;
 //   - fallback: nothing is eligible, Endpoint is -1.
 //
 // # Defaults

@@ -65,6 +65,10 @@ const (
 	// ReasonLeastLoad: no endpoint held any of the prompt; placed by load
 	// and cache headroom.
 	ReasonLeastLoad
+	// ReasonMoved: cachesync's planner pinned the prompt's group to an
+	// endpoint holding less of it than another (snapshot.Manifest.Pinned):
+	// the group is being moved there.
+	ReasonMoved
 )
 
 // String returns the reason code used in headers and metric labels.
@@ -76,6 +80,8 @@ func (r Reason) String() string {
 		return "saturated-release"
 	case ReasonLeastLoad:
 		return "least-load"
+	case ReasonMoved:
+		return "moved"
 	}
 	return "fallback"
 }
@@ -388,10 +394,14 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 	}
 	placeNew(cands, &job)
 	placeCopies(cands, &job)
-	pick, runner, meets := p.choose(cands, &job, r.Random)
+	pin := pinnedTo(m, r.Hashes, cands)
+	pick, runner, meets := p.choose(cands, &job, r.Random, pin)
 	c := &cands[pick]
 	d.Endpoint, d.MeetsSLO = pick, meets
 	d.Reason = reason(cands, pick, &job)
+	if pick == pin && d.Reason == ReasonSaturatedRelease {
+		d.Reason = ReasonMoved
+	}
 	d.Blocks, d.GPUBlocks = int(p.match[pick].Blocks), int(p.match[pick].GPU)
 	d.UncachedTokens = int(math.Ceil(c.uncached))
 	d.Chosen = c.terms(pick)

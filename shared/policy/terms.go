@@ -71,6 +71,7 @@ type cand struct {
 	bulk     bool    // it copies more than a few blocks (copyFew of the prompt's)
 	price    float64 // what the choice minimises, seconds
 	prefill  float64 // seconds its own uncached tokens take to prefill there
+	cold     float64 // seconds the whole prompt takes to prefill there
 	fill     float64 // its cache's fill, pending prefills included; -1 unknown
 	capacity float64 // its cache's blocks
 	prefixes int     // the prefixes its cache draws traffic with, pending ones included
@@ -164,6 +165,7 @@ func (p *Picker) price(c *cand, e snapshot.Endpoint, mt snapshot.Match, pool int
 	}
 
 	c.prefill = c.uncached * mdl.PerUncachedToken()
+	c.cold = j.prompt * mdl.PerUncachedToken()
 	c.prefixes = e.Prefixes() + local.PendingPrefixes
 	added := float64(j.blocks - int(mt.Blocks))
 	// A block another endpoint already holds is a copy.

@@ -53,7 +53,7 @@ const Version = 5
 // Reasons are the decision reasons a record can carry, by their code; ""
 // (code 0) is a record that does not say. They are the filter's reason
 // names (the policy's and its own fallbacks').
-var Reasons = [...]string{"", "affinity", "saturated-release", "least-load", "fallback", "rendezvous", "response"}
+var Reasons = [...]string{"", "affinity", "saturated-release", "least-load", "fallback", "rendezvous", "response", "moved"}
 
 func reasonCode(name string) (byte, bool) {
 	for i, r := range Reasons {
