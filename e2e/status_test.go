@@ -203,9 +203,12 @@ func TestStatusPageInChromium(t *testing.T) {
 		}
 		b, okB := sample(before, sel)
 		a, okA := sample(after, sel)
+		// A gauge that moves with time (an engine's decode demand decays)
+		// reads, on a page rendered between the two reads, between them.
+		between := okA && okB && min(a, b) <= v && v <= max(a, b)
 		if !okB && !okA {
 			t.Errorf("%s: on the page (%v), not in /metrics", sel, v)
-		} else if !(okB && v == b) && !(okA && v == a) {
+		} else if !(okB && v == b) && !(okA && v == a) && !between {
 			t.Errorf("%s: page %v, /metrics %v then %v", sel, v, b, a)
 		}
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/discovery"
 	"github.com/kvroute/kvroute/cachesync/internal/index"
 	"github.com/kvroute/kvroute/cachesync/internal/kvevents"
+	"github.com/kvroute/kvroute/cachesync/internal/planner"
 	"github.com/kvroute/kvroute/cachesync/internal/scrape"
 	"github.com/kvroute/kvroute/cachesync/internal/service"
 	"github.com/kvroute/kvroute/cachesync/internal/vocab"
@@ -78,6 +79,8 @@ type Daemon struct {
 	tokenFile []byte
 	models    *models
 	demand    *demand.Tracker
+	planner   *planner.Planner // guarded by mu
+	moves     uint64           // groups moved; guarded by mu
 }
 
 // maxDecodePrefill is the largest share of its prefill rate an engine may
@@ -152,6 +155,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.models = newModels(d.reg)
 	d.demand = demand.New(demand.Config{})
+	d.planner = planner.New(planner.Config{Cooldown: cfg.MoveCooldown})
 	if cfg.Tokenizer != "" {
 		v, err := vocab.Load(cfg.Tokenizer)
 		if err != nil {
@@ -268,6 +272,9 @@ loop:
 		case <-refit.C:
 			d.models.freeze()
 			d.mu.Lock()
+			if d.cfg.MoveGroups {
+				d.plan(time.Now())
+			}
 			for _, e := range d.engines {
 				if e.scraped {
 					d.update(e)
@@ -472,6 +479,7 @@ func (d *Daemon) update(e *engine) {
 	info.ShowsReports = !e.precise || d.cfg.PendingTTL > 0
 	info.Model = d.models.model(e.d.Addr, max(info.PrefillRate, 1))
 	info.Slots = e.slots.update(&e.last, d.cfg.Hash)
+	info.Pins = d.planner.Pins(e.d.Addr)
 	if e.d.Draining {
 		info.Health = snapshot.HealthDraining
 	}

@@ -894,3 +894,48 @@ func metricValue(text, series string) (float64, bool) {
 	}
 	return 0, false
 }
+
+// TestMovesGroups: with three groups' decoding reported on one engine and
+// one on the other, the planner pins one of the first engine's groups to
+// the second, and the pin reaches the snapshot.
+func TestMovesGroups(t *testing.T) {
+	es, err := vllmsim.StartN(t.Context(), 2, vllmsim.Config{Model: model, NumGPUBlocks: 256, TimeScale: 0.001})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, Config{Engines: es[0].Addr() + "," + es[1].Addr(), ReportToken: "tok", MoveGroups: true, MoveCooldown: 300 * time.Millisecond})
+	f := newFetcher(t, d)
+	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
+	var w report.Writer
+	group := func(g uint64) []uint64 { return []uint64{g<<8 | 1, g<<8 | 2} } // keys g<<8|2
+	for g, to := range []int{0, 0, 0, 1} {
+		for range 6 { // past planner.Config.MinRequests, decayed
+			if err := w.Add(&report.Record{Endpoint: es[to].Addr(), Model: model, Hashes: group(uint64(g)), Output: 300}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	req, _ := http.NewRequest("POST", "http://"+d.Addr()+"/v1/reports", bytes.NewReader(w.Bytes()))
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	eventually(t, "a group of the busy engine pinned to the other", func() bool {
+		f.sync()
+		m := f.view.Manifest()
+		if m == nil {
+			return false
+		}
+		for g := range uint64(3) {
+			if slot, ok := m.Pinned(g<<8 | 2); ok && m.Endpoint(slot).Addr() == es[1].Addr() {
+				return true
+			}
+		}
+		return false
+	})
+	if got, ok := metricValue(get(t, "http://"+d.Addr()+"/metrics"), "kvroute_cachesync_group_moves_total"); !ok || got != 1 {
+		t.Errorf("group moves %v (found %v), want 1", got, ok)
+	}
+}

@@ -103,7 +103,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descBatches, descGaps, descReplays, descReplayFailures, descReplayed,
 		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines,
 		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descAgreement, descCommonPrefix, descTemplates, descDiscovery, descDiscoveryErrs,
-		descPrefillRate, descCalibrated, descEngineHealth, descEnginePrecise, descEngineReqs, descEngineKV, descEngineIndex, descEnginePrefix, descEngineDemand} {
+		descPrefillRate, descCalibrated, descEngineHealth, descEnginePrecise, descEngineReqs, descEngineKV, descEngineIndex, descEnginePrefix, descEngineDemand, descMoves} {
 		ch <- d
 	}
 }
@@ -150,6 +150,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	engines := len(d.engines)
+	moves := d.moves
 	scraper := d.scraper
 	d.mu.Unlock()
 
@@ -164,6 +165,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEvents, s.Removed, "BlockRemoved")
 	counter(descEvents, s.Cleared, "AllBlocksCleared")
 	counter(descEvents, s.UnknownEvents, "unknown")
+	counter(descMoves, moves)
 	counter(descBatches, s.Batches)
 	counter(descGaps, s.Gaps)
 	counter(descReplays, s.Replays)

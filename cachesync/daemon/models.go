@@ -134,6 +134,13 @@ func (m *models) place(addr string, models []string, kvTokens int) {
 	}
 }
 
+// deploymentOf returns addr's deployment, "" until it is known.
+func (m *models) deploymentOf(addr string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.group[addr]
+}
+
 // peers returns the other engines of addr's deployment, once it is known.
 func (m *models) peers(addr string) []string {
 	m.mu.Lock()

@@ -2,17 +2,15 @@
 // decoding each prefix group brings to each endpoint: the output tokens its
 // requests ask for, per second, decayed over a time constant.
 //
-// It is the first part of the move planner (the README's Left out): which
-// groups share an engine decides the last few percent of a pool's
+// Which groups share an engine decides the last few percent of a pool's
 // throughput, and a group's first request, which places it, cannot tell
-// how long its answers will run. The planner needs each group's demand to
-// choose a move; an operator needs each endpoint's to see the imbalance
-// before any move exists, and that is what this package exports today.
+// how long its answers will run. The planner (cachesync/internal/planner)
+// moves groups by these figures; operators see each endpoint's total as a
+// metric.
 //
-// A group is the requests whose prompts share their first GroupDepth
-// blocks: a tenant's system prompt, a document's head. Its key is the
-// chained hash of those blocks (shared/blockhash), which names all of
-// them. A prompt shorter than that is a group of its own.
+// A group is the requests whose prompts share their first
+// snapshot.GroupDepth blocks: a tenant's system prompt, a document's head
+// (snapshot.GroupKey).
 package demand
 
 import (
@@ -22,12 +20,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/shared/report"
+	"github.com/kvroute/kvroute/shared/snapshot"
 )
-
-// GroupDepth is how many leading blocks name a prompt's group: 16 blocks
-// of 64 bytes, about 250 tokens, past a chat template's preamble and into
-// what the tenant wrote.
-const GroupDepth = 16
 
 // Defaults for Config.
 const (
@@ -89,6 +83,7 @@ func (l *level) valueAt(now int64, tau float64) float64 {
 
 type group struct {
 	eps map[string]*level
+	n   level // requests
 }
 
 // New returns a Tracker.
@@ -112,7 +107,7 @@ func New(cfg Config) *Tracker {
 // record of no hash names no group and is not counted.
 func (t *Tracker) Record(e report.Entry, now time.Time) {
 	if n := e.NumHashes(); n > 0 {
-		t.Add(string(e.Endpoint()), e.Hash(min(n, GroupDepth)-1), e.Output(), now)
+		t.Add(string(e.Endpoint()), e.Hash(min(n, snapshot.GroupDepth)-1), e.Output(), now)
 	}
 }
 
@@ -131,7 +126,7 @@ func (t *Tracker) Add(endpoint string, key uint64, output int, now time.Time) {
 		if len(t.groups) >= t.maxG {
 			t.trim(ns)
 		}
-		g = &group{eps: map[string]*level{}}
+		g = &group{eps: map[string]*level{}, n: level{at: ns}}
 		t.groups[key] = g
 	}
 	l := g.eps[endpoint]
@@ -140,6 +135,7 @@ func (t *Tracker) Add(endpoint string, key uint64, output int, now time.Time) {
 		g.eps[endpoint] = l
 	}
 	l.add(ns, t.tau, x)
+	g.n.add(ns, t.tau, 1)
 	e := t.eps[endpoint]
 	if e == nil {
 		e = &level{at: ns}
@@ -225,6 +221,10 @@ type Group struct {
 	Key    uint64
 	Rate   float64 // output tokens per second over every endpoint
 	Shares []Share // by endpoint address
+	// Requests is how many of its requests were seen within about a time
+	// constant (decayed like the rates): a group of one request is a
+	// prompt that may never come back.
+	Requests float64
 }
 
 // Groups returns every group's demand as of now, the most demanding first.
@@ -234,7 +234,7 @@ func (t *Tracker) Groups(now time.Time) []Group {
 	defer t.mu.Unlock()
 	out := make([]Group, 0, len(t.groups))
 	for k, g := range t.groups {
-		x := Group{Key: k}
+		x := Group{Key: k, Requests: g.n.valueAt(ns, t.tau)}
 		for ep, l := range g.eps {
 			r := l.valueAt(ns, t.tau) / t.tau
 			x.Rate += r

@@ -340,7 +340,7 @@ func sameInfo(a, b *snapshot.EndpointInfo) bool {
 		a.Health == b.Health && a.Running == b.Running && a.Waiting == b.Waiting &&
 		a.KVCacheUsage == b.KVCacheUsage && a.PrefillTokens == b.PrefillTokens &&
 		a.PrefillRate == b.PrefillRate && a.Template == b.Template && a.LoadAt.Equal(b.LoadAt) && a.ShowsReports == b.ShowsReports &&
-		a.IndexCapacity == b.IndexCapacity && a.Model == b.Model
+		a.IndexCapacity == b.IndexCapacity && a.Model == b.Model && slices.Equal(a.Pins, b.Pins)
 }
 
 // touched records a change; x.mu is held.

@@ -756,12 +756,13 @@ func TestDecisions(t *testing.T) {
 	x.Report(batch(t,
 		report.Record{Endpoint: addr(0), Hashes: hs(1), Reason: "affinity"},
 		report.Record{Endpoint: addr(0), Hashes: hs(2), Reason: "affinity"},
+		report.Record{Endpoint: addr(0), Hashes: hs(5), Reason: "moved"},
 		report.Record{Endpoint: "10.9.9.9:1", Hashes: hs(3), Reason: "least-load"}, // unknown endpoint: counted all the same
 		report.Record{Endpoint: addr(0), Hashes: hs(4)},
 	))
 	x.Publish()
 	got := x.Decisions()
-	want := map[string]uint64{"affinity": 2, "least-load": 1, "unknown": 1, "saturated-release": 0, "fallback": 0, "rendezvous": 0, "response": 0}
+	want := map[string]uint64{"affinity": 2, "least-load": 1, "unknown": 1, "saturated-release": 0, "fallback": 0, "rendezvous": 0, "response": 0, "moved": 1}
 	if !maps.Equal(got, want) {
 		t.Errorf("Decisions = %v, want %v", got, want)
 	}

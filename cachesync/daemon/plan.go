@@ -1,0 +1,33 @@
+package daemon
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
+// descMoves counts the prompt groups the planner moved.
+var descMoves = prometheus.NewDesc(ns+"group_moves_total",
+	"Prompt groups the planner moved between engines of a deployment to spread their decoding (a swap counts two).", nil, nil)
+
+// plan lets the planner move groups within each deployment's healthy
+// engines, by the demand the gateways' reports show; d.mu is held. The
+// pins reach the snapshot as each engine's row is next updated.
+func (d *Daemon) plan(now time.Time) {
+	pools := map[string][]string{}
+	for addr, e := range d.engines {
+		if e.scraped && e.last.Health == snapshot.HealthHealthy && !e.d.Draining {
+			if dep := d.models.deploymentOf(addr); dep != "" {
+				pools[dep] = append(pools[dep], addr)
+			}
+		}
+	}
+	for _, m := range d.planner.Plan(now, d.demand.Groups(now), pools) {
+		d.moves++
+		d.log.Info("moved a prompt group", "deployment", m.Pool, "group", strconv.FormatUint(m.Key, 16),
+			"from", m.From, "to", m.To, "output_tokens_per_second", m.Rate)
+	}
+}

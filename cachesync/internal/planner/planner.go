@@ -1,0 +1,334 @@
+// Package planner moves prompt groups between the endpoints of a pool so
+// that the decoding they bring is spread evenly.
+//
+// A group is placed by its first request, which cannot tell how long its
+// answers will run, and affinity keeps it where it landed: on b2b-saas the
+// engine that drew four long-answering groups decoded 6-7% above the
+// pool's mean for the rest of the run, and a stage lasts until its
+// busiest engine is done. No single request's price can undo that: a
+// move's first request pays a cold prefill now for decode time saved by
+// every later request of its group. The planner can: it sees each group's
+// demand (cachesync/internal/demand), and when the busiest endpoint of a
+// pool runs more than Threshold above the mean it moves one group, or
+// swaps two, between it and another endpoint, whichever lowers the
+// busier of the two the most. A move is a pin (snapshot.EndpointInfo.Pins)
+// that the policy follows while the target can take the group's requests.
+//
+// It moves at most once per Cooldown in a pool, only groups that recur
+// (MinRequests), only a group whose requests go to one endpoint (a hot
+// prefix spread over several is the policy's to spread), and only for a
+// gain of MinGain of the mean: each move costs the target a cold prefill
+// of the group's prefix.
+package planner
+
+import (
+	"slices"
+	"time"
+
+	"github.com/kvroute/kvroute/cachesync/internal/demand"
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
+// Config sets the planner's thresholds. The zero value means the defaults.
+type Config struct {
+	// Threshold: a pool is planned for when its busiest endpoint's demand
+	// is more than this share above the mean. Default 0.05: under it, the
+	// spread is what the best placement of groups of equal traffic and
+	// 100-200-token answers leaves (2-3% on b2b-saas).
+	Threshold float64
+	// MinGain is the least share of the mean a move must take off the
+	// busier of its two endpoints. Default 0.02.
+	MinGain float64
+	// Cooldown is the least time between two moves in a pool, and since
+	// the pool's first demand: the demand figures need about a time
+	// constant to show a move's effect and a group's answers. Default 30 s.
+	Cooldown time.Duration
+	// MinRequests is how many requests (decayed over the demand's time
+	// constant) a group must have brought to be moved. Default 4.
+	MinRequests float64
+	// FollowWithin is how long after a move its group's requests must
+	// have shifted to the target (half its demand there) for the pin to
+	// stay. Default 60 s: twice the demand's time constant, by which a
+	// group that followed shows 86% of its demand at the target.
+	FollowWithin time.Duration
+	// MaxPins bounds the pins of one endpoint (snapshot.MaxPins).
+	MaxPins int
+}
+
+func (c *Config) defaults() {
+	if c.Threshold <= 0 {
+		c.Threshold = 0.05
+	}
+	if c.MinGain <= 0 {
+		c.MinGain = 0.02
+	}
+	if c.Cooldown <= 0 {
+		c.Cooldown = 30 * time.Second
+	}
+	if c.MinRequests <= 0 {
+		c.MinRequests = 4
+	}
+	if c.FollowWithin <= 0 {
+		c.FollowWithin = 2 * demand.DefaultTimeConstant
+	}
+	if c.MaxPins <= 0 {
+		c.MaxPins = snapshot.MaxPins
+	}
+}
+
+// homeShare is the share of a group's demand one endpoint must draw for
+// the group to count as that endpoint's, and movable.
+const homeShare = 0.9
+
+// maxMembers bounds the groups of one endpoint a plan considers moving,
+// the most demanding first: swaps are tried pairwise.
+const maxMembers = 64
+
+// Planner keeps the pins. It is not safe for concurrent use.
+type Planner struct {
+	cfg   Config
+	pins  map[uint64]pin
+	pools map[string]*poolState
+	// unfollowed are the groups whose last pin their requests did not
+	// follow, and when it was dropped: not moved again for refuseFor.
+	unfollowed map[uint64]time.Time
+}
+
+// refuseFor is how long a group whose requests did not follow its pin is
+// left where the policy puts it: what kept it from its target (a
+// saturated batch, a long queue) lasts, and moving it again would only
+// cost another cold prefill.
+const refuseFor = 10 * time.Minute
+
+type pin struct {
+	endpoint string
+	since    time.Time
+}
+
+type poolState struct {
+	first, last time.Time // first demand seen, last move
+}
+
+// New returns a Planner.
+func New(cfg Config) *Planner {
+	cfg.defaults()
+	return &Planner{cfg: cfg, pins: map[uint64]pin{}, pools: map[string]*poolState{}, unfollowed: map[uint64]time.Time{}}
+}
+
+// Move is one group moved.
+type Move struct {
+	Pool     string
+	Key      uint64
+	From, To string
+	Rate     float64 // the group's demand, output tokens per second
+}
+
+// Plan looks at every pool (name to its endpoints that can take
+// requests) with the groups' demand as of now, drops the pins that no
+// longer hold, and makes at most one move or swap per pool. It returns the
+// moves made.
+func (p *Planner) Plan(now time.Time, groups []demand.Group, pools map[string][]string) []Move {
+	poolOf := map[string]string{}
+	for name, eps := range pools {
+		for _, e := range eps {
+			poolOf[e] = name
+		}
+	}
+	seen := make(map[uint64]bool, len(groups))
+	for _, g := range groups {
+		seen[g.Key] = true
+	}
+	for k, pn := range p.pins {
+		if !seen[k] || poolOf[pn.endpoint] == "" {
+			delete(p.pins, k)
+		}
+	}
+	for k, at := range p.unfollowed {
+		if now.Sub(at) > refuseFor {
+			delete(p.unfollowed, k)
+		}
+	}
+	var out []Move
+	names := make([]string, 0, len(pools))
+	for name := range pools {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if len(pools[name]) < 2 {
+			continue
+		}
+		out = p.planPool(now, name, pools[name], groups, out)
+	}
+	return out
+}
+
+// member is a group as one pool's plan sees it.
+type member struct {
+	key  uint64
+	rate float64
+	home int // endpoint index, -1 when split
+}
+
+func (p *Planner) planPool(now time.Time, name string, eps []string, groups []demand.Group, out []Move) []Move {
+	idx := make(map[string]int, len(eps))
+	for i, e := range eps {
+		idx[e] = i
+	}
+	load := make([]float64, len(eps))
+	homed := make([]int, len(eps))
+	var members []member
+	for _, g := range groups { // the most demanding first
+		m := member{key: g.Key, home: -1}
+		best, bestRate := -1, 0.0
+		for _, s := range g.Shares {
+			if i, ok := idx[s.Endpoint]; ok {
+				m.rate += s.Rate
+				if s.Rate > bestRate {
+					best, bestRate = i, s.Rate
+				}
+			}
+		}
+		if m.rate <= 0 {
+			continue
+		}
+		if pn, ok := p.pins[g.Key]; ok {
+			i, in := idx[pn.endpoint]
+			switch {
+			case !in:
+				continue // pinned in another pool
+			case now.Sub(pn.since) > p.cfg.FollowWithin && shareAt(g, pn.endpoint) < 0.5:
+				// Its requests do not follow the pin: the target cannot
+				// take them (saturated, slow); let the policy have them.
+				delete(p.pins, g.Key)
+				p.unfollowed[g.Key] = now
+			default:
+				m.home = i
+			}
+		}
+		if m.home < 0 && best >= 0 && bestRate >= homeShare*m.rate {
+			m.home = best
+		}
+		if m.home >= 0 {
+			load[m.home] += m.rate
+			if _, no := p.unfollowed[g.Key]; !no && g.Requests >= p.cfg.MinRequests && homed[m.home] < maxMembers {
+				homed[m.home]++
+				members = append(members, m)
+			}
+			continue
+		}
+		for _, s := range g.Shares {
+			if i, ok := idx[s.Endpoint]; ok {
+				load[i] += s.Rate
+			}
+		}
+	}
+	total := 0.0
+	for _, l := range load {
+		total += l
+	}
+	if total <= 0 {
+		return out
+	}
+	st := p.pools[name]
+	if st == nil {
+		st = &poolState{first: now}
+		p.pools[name] = st
+	}
+	if now.Sub(st.first) < p.cfg.Cooldown || (!st.last.IsZero() && now.Sub(st.last) < p.cfg.Cooldown) {
+		return out
+	}
+	mean := total / float64(len(eps))
+	a := 0
+	for i := range load {
+		if load[i] > load[a] {
+			a = i
+		}
+	}
+	if load[a] <= mean*(1+p.cfg.Threshold) {
+		return out
+	}
+	// The best single move and the best swap, each as the busier of its
+	// two endpoints after it; a swap must beat the single move by the
+	// gain too, since it costs two cold prefills.
+	gain := p.cfg.MinGain * mean
+	single, swap := load[a]-gain, load[a]-gain
+	sg, sto, wg, wh, wto := -1, -1, -1, -1, -1
+	for b := range eps {
+		if b == a {
+			continue
+		}
+		for gi, g := range members {
+			if g.home != a {
+				continue
+			}
+			if m := max(load[a]-g.rate, load[b]+g.rate); m < single {
+				single, sg, sto = m, gi, b
+			}
+			for hi, h := range members {
+				if h.home != b || h.rate >= g.rate {
+					continue
+				}
+				if m := max(load[a]-g.rate+h.rate, load[b]+g.rate-h.rate); m < swap {
+					swap, wg, wh, wto = m, gi, hi, b
+				}
+			}
+		}
+	}
+	moveG, moveH, to := sg, -1, sto
+	if wg >= 0 && swap < single-gain {
+		moveG, moveH, to = wg, wh, wto
+	}
+	if moveG < 0 {
+		return out
+	}
+	g := members[moveG]
+	if !p.pin(g.key, eps[to], now) {
+		return out
+	}
+	out = append(out, Move{Pool: name, Key: g.key, From: eps[a], To: eps[to], Rate: g.rate})
+	if moveH >= 0 {
+		h := members[moveH]
+		if p.pin(h.key, eps[a], now) {
+			out = append(out, Move{Pool: name, Key: h.key, From: eps[to], To: eps[a], Rate: h.rate})
+		}
+	}
+	st.last = now
+	return out
+}
+
+// pin pins key to endpoint unless the endpoint has MaxPins already.
+func (p *Planner) pin(key uint64, endpoint string, now time.Time) bool {
+	n := 0
+	for _, pn := range p.pins {
+		if pn.endpoint == endpoint {
+			n++
+		}
+	}
+	if n >= p.cfg.MaxPins {
+		return false
+	}
+	p.pins[key] = pin{endpoint, now}
+	return true
+}
+
+func shareAt(g demand.Group, endpoint string) float64 {
+	for _, s := range g.Shares {
+		if s.Endpoint == endpoint && g.Rate > 0 {
+			return s.Rate / g.Rate
+		}
+	}
+	return 0
+}
+
+// Pins returns the keys of the groups pinned to endpoint, sorted.
+func (p *Planner) Pins(endpoint string) []uint64 {
+	var out []uint64
+	for k, pn := range p.pins {
+		if pn.endpoint == endpoint {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

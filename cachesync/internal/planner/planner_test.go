@@ -1,0 +1,144 @@
+package planner
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/cachesync/internal/demand"
+)
+
+// at builds a group homed at one endpoint.
+func at(key uint64, endpoint string, rate float64) demand.Group {
+	return demand.Group{Key: key, Rate: rate, Requests: 20, Shares: []demand.Share{{Endpoint: endpoint, Rate: rate}}}
+}
+
+func sorted(gs ...demand.Group) []demand.Group {
+	slices.SortFunc(gs, func(a, b demand.Group) int {
+		if a.Rate > b.Rate {
+			return -1
+		}
+		if a.Rate < b.Rate {
+			return 1
+		}
+		return 0
+	})
+	return gs
+}
+
+var pool = map[string][]string{"m|65536": {"a", "b", "c", "d"}}
+
+// b2b is b2b-saas's case: four groups a engine, the four longest
+// answering on a (620 tokens/s against a mean of 587.5).
+func b2b() []demand.Group {
+	return sorted(
+		at(1, "a", 164), at(2, "a", 160), at(3, "a", 150), at(4, "a", 146),
+		at(5, "b", 130), at(6, "b", 135), at(7, "b", 140), at(8, "b", 145),
+		at(9, "c", 145), at(10, "c", 145), at(11, "c", 145), at(12, "c", 145),
+		at(13, "d", 145), at(14, "d", 145), at(15, "d", 145), at(16, "d", 145),
+	)
+}
+
+func TestPlan(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	tests := []struct {
+		name   string
+		groups []demand.Group
+		want   []Move
+	}{
+		{"balanced: nothing", sorted(at(1, "a", 600), at(2, "b", 600), at(3, "c", 600), at(4, "d", 600)), nil},
+		{"four groups a engine, the longest answers together: a swap", b2b(), []Move{
+			{Pool: "m|65536", Key: 1, From: "a", To: "b", Rate: 164}, {Pool: "m|65536", Key: 5, From: "b", To: "a", Rate: 130}}},
+		{"a small group off the busiest: one move", sorted(at(1, "a", 300), at(2, "a", 50), at(3, "b", 200), at(4, "c", 275), at(5, "d", 275)), []Move{
+			{Pool: "m|65536", Key: 2, From: "a", To: "b", Rate: 50}}},
+		{"one group bigger than the gap: no move makes it better", sorted(at(1, "a", 700), at(2, "b", 500), at(3, "c", 500), at(4, "d", 500)), nil},
+		{"a hot group spread over two endpoints is not moved", sorted(
+			demand.Group{Key: 1, Rate: 800, Requests: 50, Shares: []demand.Share{{Endpoint: "a", Rate: 400}, {Endpoint: "b", Rate: 400}}},
+			at(2, "a", 300), at(3, "b", 100), at(4, "c", 350), at(5, "d", 350)), []Move{
+			{Pool: "m|65536", Key: 2, From: "a", To: "c", Rate: 300}}},
+		{"groups seen too few times are not moved", func() []demand.Group {
+			gs := b2b()
+			for i := range gs {
+				gs[i].Requests = 2
+			}
+			return gs
+		}(), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := New(Config{})
+			if got := p.Plan(t0, tt.groups, pool); got != nil {
+				t.Fatalf("moved %+v before the pool's first cooldown", got)
+			}
+			got := p.Plan(t0.Add(31*time.Second), tt.groups, pool)
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("moves %+v, want %+v", got, tt.want)
+			}
+			for _, m := range got {
+				if !slices.Contains(p.Pins(m.To), m.Key) {
+					t.Errorf("group %d moved to %s but not pinned there: %v", m.Key, m.To, p.Pins(m.To))
+				}
+			}
+		})
+	}
+}
+
+// TestPinsLast: a move's pins hold while its groups follow them, the pool
+// waits a cooldown before the next move, and pins go when their group or
+// endpoint does, or when the group's requests do not follow.
+func TestPinsLast(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	p := New(Config{})
+	p.Plan(t0, b2b(), pool)
+	now := t0.Add(31 * time.Second)
+	if got := p.Plan(now, b2b(), pool); len(got) != 2 {
+		t.Fatalf("moves %+v, want a swap", got)
+	}
+	// The demand figures still show the groups where they were: the pins
+	// count, so the pool is balanced as planned and nothing more moves,
+	// cooldown or not.
+	for _, d := range []time.Duration{time.Second, 40 * time.Second} {
+		if got := p.Plan(now.Add(d), b2b(), pool); got != nil {
+			t.Fatalf("after %v: moved %+v again", d, got)
+		}
+	}
+	if !slices.Equal(p.Pins("b"), []uint64{1}) || !slices.Equal(p.Pins("a"), []uint64{5}) {
+		t.Fatalf("pins a %v, b %v", p.Pins("a"), p.Pins("b"))
+	}
+	// Past two cooldowns, a group whose requests still go elsewhere is let
+	// go, and not moved again; one that followed its pin keeps it.
+	followed := b2b()
+	for i := range followed {
+		if followed[i].Key == 5 {
+			followed[i].Shares = []demand.Share{{Endpoint: "a", Rate: followed[i].Rate}}
+		}
+	}
+	p.Plan(now.Add(61*time.Second), followed, pool)
+	if slices.Contains(p.Pins("b"), 1) || !slices.Contains(p.Pins("a"), 5) {
+		t.Fatalf("pins a %v, b %v; want group 5's at a, not group 1's at b", p.Pins("a"), p.Pins("b"))
+	}
+	// The endpoint leaves the pool: its pins go.
+	p.Plan(now.Add(62*time.Second), followed, map[string][]string{"m|65536": {"b", "c", "d"}})
+	if len(p.Pins("a")) != 0 {
+		t.Fatalf("pins of a gone endpoint: %v", p.Pins("a"))
+	}
+	// A group no longer seen: its pin goes.
+	p = New(Config{})
+	p.Plan(t0, b2b(), pool)
+	p.Plan(now, b2b(), pool)
+	p.Plan(now.Add(time.Second), b2b()[1:], pool) // group 1, the most demanding, is gone
+	if len(p.Pins("b")) != 0 {
+		t.Fatalf("pin of a vanished group: %v", p.Pins("b"))
+	}
+}
+
+func TestMaxPins(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	p := New(Config{MaxPins: 1})
+	p.pins[99] = pin{"b", t0}
+	gs := append(b2b(), at(99, "b", 1))
+	p.Plan(t0, gs, pool)
+	if got := p.Plan(t0.Add(31*time.Second), gs, pool); len(got) != 0 {
+		t.Fatalf("moved %+v to an endpoint at its pin bound", got)
+	}
+}
