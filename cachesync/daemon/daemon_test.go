@@ -512,16 +512,7 @@ func TestLatencyModelsFromOutcomes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	req, _ := http.NewRequest("POST", "http://"+d.Addr()+"/v1/reports", bytes.NewReader(w.Bytes()))
-	req.Header.Set("Authorization", "Bearer tok")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("report: %s", resp.Status)
-	}
+	postReports(t, d, &w)
 	// Decoding on the engine fills its inter-token histogram, over several
 	// scrapes: an interval counts once two more have passed in which no
 	// prefill ended.
@@ -915,13 +906,7 @@ func TestMovesGroups(t *testing.T) {
 			}
 		}
 	}
-	req, _ := http.NewRequest("POST", "http://"+d.Addr()+"/v1/reports", bytes.NewReader(w.Bytes()))
-	req.Header.Set("Authorization", "Bearer tok")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	postReports(t, d, &w)
 	eventually(t, "a group of the busy engine pinned to the other", func() bool {
 		f.sync()
 		m := f.view.Manifest()
@@ -937,5 +922,21 @@ func TestMovesGroups(t *testing.T) {
 	})
 	if got, ok := metricValue(get(t, "http://"+d.Addr()+"/metrics"), "kvroute_cachesync_group_moves_total"); !ok || got != 1 {
 		t.Errorf("group moves %v (found %v), want 1", got, ok)
+	}
+}
+
+// postReports sends w's batch to d with the token "tok" and requires it
+// accepted.
+func postReports(t *testing.T, d *Daemon, w *report.Writer) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+d.Addr()+"/v1/reports", bytes.NewReader(w.Bytes()))
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("report: %s", resp.Status)
 	}
 }

@@ -112,13 +112,20 @@ func TestCorruptSlotRows(t *testing.T) {
 		"reserved bytes":                        func(b []byte) { b[row(0, 6)] = 1 },
 		"a row count beyond the bytes":          func(b []byte) { b[33] = 3 },
 	} {
-		c := append([]byte(nil), raw...)
-		f(c)
-		if _, err := ParseManifest(reseal(c)); !errors.Is(err, ErrCorrupt) {
-			t.Errorf("%s: ParseManifest = %v, want ErrCorrupt", name, err)
-		}
+		corruptEach(t, raw, name, f)
 	}
+}
+
+// corruptEach checks that raw, a manifest, parses, and that with edit
+// applied (and the checksum resealed) it is refused as corrupt.
+func corruptEach(t *testing.T, raw []byte, name string, edit func(b []byte)) {
+	t.Helper()
 	if _, err := ParseManifest(raw); err != nil {
 		t.Fatalf("the unaltered manifest: %v", err)
+	}
+	c := append([]byte(nil), raw...)
+	edit(c)
+	if _, err := ParseManifest(reseal(c)); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("%s: ParseManifest = %v, want ErrCorrupt", name, err)
 	}
 }
