@@ -142,8 +142,7 @@ type Record struct {
 	Cached   int      // leading hashes the policy found cached at Endpoint
 	Reason   string   // why Endpoint was chosen: one of Reasons
 	// Output is how many tokens the request asked to generate (its
-	// max_tokens, or the policy's default), 0 to MaxOutput; 0 when not
-	// known.
+	// max_tokens), 0 to MaxOutput; 0 when it did not say.
 	Output int
 }
 
