@@ -68,6 +68,8 @@ var Arms = []*Arm{
 		start: kvrouteArm(true, map[string]any{"slo_ttft_ms": 3_600_000})},
 	{Name: "kvroute-prefill", About: "kvroute precise with policy.mode prefill: TTFT alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "prefill"})},
 	{Name: "kvroute-decode", About: "kvroute precise with policy.mode decode: the decoding alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "decode"})},
+	{Name: "kvroute-moves", About: "kvroute precise with cachesync's experimental group moves (-move-groups)", Variant: true,
+		start: kvrouteArm(true, nil, "-move-groups")},
 	{Name: "kvroute-slo", About: "kvroute precise with the goodput SLO stated, as policy.slo_ttft_ms and slo_tpot_ms", Variant: true, start: kvrouteSLOArm},
 	{Name: "sglang-router", About: "sglang-router 0.3.2 cache_aware", start: rivalArm("sglang-router", "launch", "--policy", "cache_aware")},
 	{Name: "smg", About: "smg 1.13.0 cache_aware", start: rivalArm("smg", "launch", "--policy", "cache_aware")},
@@ -143,7 +145,8 @@ const DecisionLog = "decisions.log"
 
 const decisionLogFormat = "%START_TIME(%s.%3f)% %RESPONSE_CODE% %RESP(X-KVROUTE-DECISION)%\n"
 
-func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tools, *pool, string) (*router, error) {
+// kvrouteArm starts cachesync, with extra flags, and Envoy with the filter.
+func kvrouteArm(precise bool, policy map[string]any, extra ...string) func(context.Context, *Tools, *pool, string) (*router, error) {
 	return func(ctx context.Context, t *Tools, p *pool, dir string) (*router, error) {
 		spec := p.addrs()
 		if precise {
@@ -159,6 +162,7 @@ func kvrouteArm(precise bool, policy map[string]any) func(context.Context, *Tool
 		if precise {
 			args = append(args, "-tokenizer", "cl100k_base")
 		}
+		args = append(args, extra...)
 		addr, stopCachesync, err := startCachesync(ctx, t, args, dir)
 		if err != nil {
 			return nil, err

@@ -11,6 +11,14 @@
 // A group is the requests whose prompts share their first
 // snapshot.GroupDepth blocks: a tenant's system prompt, a document's head
 // (snapshot.GroupKey).
+//
+// The decayed rate is what an operator reads, and it is mostly the noise of
+// how many requests happened to come: at 0.5 requests a second a group's
+// 30 s figure swings by a quarter. So each group also keeps, over a longer
+// time constant, its arrival rate and the mean and variance of the answers
+// its requests ask for, apart, with the variance of each estimate: what the
+// planner needs to tell a long-answering group from a lucky run of
+// arrivals.
 package demand
 
 import (
@@ -19,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
@@ -30,24 +39,30 @@ const (
 	// that a group's five prompts have all been seen; shorter reads one
 	// long answer as a long-answering group.
 	DefaultTimeConstant = 30 * time.Second
+	// DefaultLongTimeConstant is the window of a group's arrival rate and
+	// answer length: a group's answers are a property of its prompts, and
+	// its share of the traffic changes over minutes, not seconds. At
+	// 0.5 requests a second it holds about 150 of a group's requests.
+	DefaultLongTimeConstant = 5 * time.Minute
 	// DefaultMaxGroups bounds the groups tracked; past it the least
 	// demanding are dropped.
 	DefaultMaxGroups = 1 << 16
-	// DefaultOutputTokens is what a request that states no max_tokens is
-	// taken to ask for: the policy's default (shared/policy).
-	DefaultOutputTokens = 256
 )
 
 // Config configures a Tracker. The zero value means the defaults.
 type Config struct {
-	TimeConstant        time.Duration
-	MaxGroups           int
+	TimeConstant     time.Duration
+	LongTimeConstant time.Duration
+	MaxGroups        int
+	// DefaultOutputTokens is what a request that states no max_tokens is
+	// taken to ask for. Default: the policy's (shared/policy).
 	DefaultOutputTokens int
 }
 
 // Tracker accumulates demand. It is safe for concurrent use.
 type Tracker struct {
 	tau      float64 // seconds
+	long     float64 // seconds
 	maxG     int
 	defOut   float64
 	mu       sync.Mutex
@@ -84,20 +99,28 @@ func (l *level) valueAt(now int64, tau float64) float64 {
 type group struct {
 	eps map[string]*level
 	n   level // requests
+	// Over the long time constant: requests, their output tokens and its
+	// square, and the squared weights (decayed twice as fast), which give
+	// the sample's effective size. first is when the group was first seen.
+	ln, lx, lq, lw2 level
+	first           int64
 }
 
 // New returns a Tracker.
 func New(cfg Config) *Tracker {
-	t := &Tracker{tau: cfg.TimeConstant.Seconds(), maxG: cfg.MaxGroups, defOut: float64(cfg.DefaultOutputTokens),
-		groups: map[uint64]*group{}, eps: map[string]*level{}}
+	t := &Tracker{tau: cfg.TimeConstant.Seconds(), long: cfg.LongTimeConstant.Seconds(), maxG: cfg.MaxGroups,
+		defOut: float64(cfg.DefaultOutputTokens), groups: map[uint64]*group{}, eps: map[string]*level{}}
 	if t.tau <= 0 {
 		t.tau = DefaultTimeConstant.Seconds()
+	}
+	if t.long <= 0 {
+		t.long = DefaultLongTimeConstant.Seconds()
 	}
 	if t.maxG <= 0 {
 		t.maxG = DefaultMaxGroups
 	}
 	if t.defOut <= 0 {
-		t.defOut = DefaultOutputTokens
+		t.defOut = float64(policy.DefaultConfig().DefaultOutputTokens)
 	}
 	return t
 }
@@ -126,9 +149,14 @@ func (t *Tracker) Add(endpoint string, key uint64, output int, now time.Time) {
 		if len(t.groups) >= t.maxG {
 			t.trim(ns)
 		}
-		g = &group{eps: map[string]*level{}, n: level{at: ns}}
+		g = &group{eps: map[string]*level{}, n: level{at: ns}, ln: level{at: ns}, lx: level{at: ns}, lq: level{at: ns},
+			lw2: level{at: ns}, first: ns}
 		t.groups[key] = g
 	}
+	g.ln.add(ns, t.long, 1)
+	g.lx.add(ns, t.long, x)
+	g.lq.add(ns, t.long, x*x)
+	g.lw2.add(ns, t.long/2, 1)
 	l := g.eps[endpoint]
 	if l == nil {
 		l = &level{at: ns}
@@ -225,6 +253,48 @@ type Group struct {
 	// constant (decayed like the rates): a group of one request is a
 	// prompt that may never come back.
 	Requests float64
+
+	// Over the long time constant, each with the variance of its estimate:
+	// requests per second (the variance a Poisson stream of that rate
+	// leaves in the estimate), and the output tokens a request asks for on
+	// average (the variance of that mean: the answers' own spread over
+	// the sample's effective size).
+	Arrivals, ArrivalsVar float64
+	Answer, AnswerVar     float64
+}
+
+// Demand is the group's long-run output tokens per second (Arrivals times
+// Answer), with its variance.
+func (g *Group) Demand() (rate, variance float64) {
+	return g.Arrivals * g.Answer, g.Answer*g.Answer*g.ArrivalsVar + g.Arrivals*g.Arrivals*g.AnswerVar
+}
+
+// longRun fills x's long-run estimates from g as of now.
+func (g *group) longRun(x *Group, now int64, long float64) {
+	n := g.ln.valueAt(now, long)
+	if n <= 0 {
+		return
+	}
+	// The window a decayed count covers so far: a group first seen a
+	// moment ago has not had the whole time constant to gather requests.
+	// For Poisson arrivals of rate r the count's mean is r·w1 and its
+	// variance r·w2.
+	age := max(float64(now-g.first)/1e9, 1)
+	w1 := long * -math.Expm1(-age/long)
+	w2 := long / 2 * -math.Expm1(-2*age/long)
+	x.Arrivals = n / w1
+	x.ArrivalsVar = x.Arrivals * w2 / (w1 * w1)
+	x.Answer = g.lx.valueAt(now, long) / n
+	// The effective size of an exponentially weighted sample; the spread
+	// of one answer about the mean, with Bessel's correction for it.
+	size := n * n / max(g.lw2.valueAt(now, long/2), 1e-12)
+	spread := max(g.lq.valueAt(now, long)/n-x.Answer*x.Answer, 0)
+	if size > 1 {
+		spread *= size / (size - 1)
+	} else {
+		spread = x.Answer * x.Answer // one answer says nothing of the spread
+	}
+	x.AnswerVar = spread / max(size, 1)
 }
 
 // Groups returns every group's demand as of now, the most demanding first.
@@ -235,6 +305,7 @@ func (t *Tracker) Groups(now time.Time) []Group {
 	out := make([]Group, 0, len(t.groups))
 	for k, g := range t.groups {
 		x := Group{Key: k, Requests: g.n.valueAt(ns, t.tau)}
+		g.longRun(&x, ns, t.long)
 		for ep, l := range g.eps {
 			r := l.valueAt(ns, t.tau) / t.tau
 			x.Rate += r

@@ -2,10 +2,12 @@ package demand
 
 import (
 	"math"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/report"
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
@@ -65,8 +67,9 @@ func TestSteadyRate(t *testing.T) {
 	if got := tr.Endpoint("a", now); math.Abs(got-150) > 150*0.06 {
 		t.Errorf("endpoint a: %.1f tokens/s, want about 150", got)
 	}
-	if got := tr.Endpoint("b", now); math.Abs(got-DefaultOutputTokens/2) > DefaultOutputTokens*0.06 {
-		t.Errorf("endpoint b: %.1f tokens/s, want about %d", got, DefaultOutputTokens/2)
+	def := float64(policy.DefaultConfig().DefaultOutputTokens)
+	if got := tr.Endpoint("b", now); math.Abs(got-def/2) > def*0.06 {
+		t.Errorf("endpoint b: %.1f tokens/s, want about %v", got, def/2)
 	}
 	gs := tr.Groups(now)
 	if len(gs) != 2 || gs[0].Key != 7 || math.Abs(gs[0].Requests-10) > 1 || len(gs[0].Shares) != 1 || gs[0].Shares[0].Endpoint != "a" || !near(gs[0].Rate, gs[0].Shares[0].Rate) {
@@ -163,5 +166,73 @@ func TestConcurrent(t *testing.T) {
 	}
 	if want := 4 * 1000 * 100 / DefaultTimeConstant.Seconds(); !near(total, want) {
 		t.Fatalf("total %v tokens/s, want %v", total, want)
+	}
+}
+
+// TestLongRun: a group's long-run arrival rate and answer length are
+// estimated apart, each within a few of its stated standard errors, and
+// the errors shrink as the sample grows; two groups of the same answers
+// but different traffic differ in arrivals, not in answer.
+func TestLongRun(t *testing.T) {
+	tr := New(Config{LongTimeConstant: 100 * time.Second})
+	rng := rand.New(rand.NewPCG(1, 2))
+	t0 := time.Unix(1000, 0)
+	now := t0
+	var early Group
+	// Group 1: 2 requests/s, answers 100 or 200 (mean 150, sd 50); group 2:
+	// the same answers at 0.5 requests/s.
+	for now.Before(t0.Add(400 * time.Second)) {
+		now = now.Add(time.Duration(rng.ExpFloat64() / 2.5 * float64(time.Second)))
+		key := uint64(1)
+		if rng.IntN(5) == 0 {
+			key = 2
+		}
+		tr.Add("a", key, 100+100*rng.IntN(2), now)
+		if early.Key == 0 && now.After(t0.Add(20*time.Second)) {
+			early = tr.Groups(now)[0]
+		}
+	}
+	gs := tr.Groups(now)
+	if len(gs) != 2 || gs[0].Key != 1 {
+		t.Fatalf("groups %+v", gs)
+	}
+	for _, c := range []struct {
+		g        Group
+		arrivals float64
+	}{{gs[0], 2}, {gs[1], 0.5}} {
+		g := c.g
+		if z := (g.Arrivals - c.arrivals) / math.Sqrt(g.ArrivalsVar); math.Abs(z) > 4 {
+			t.Errorf("group %d: %.3f requests/s ± %.3f, want %v", g.Key, g.Arrivals, math.Sqrt(g.ArrivalsVar), c.arrivals)
+		}
+		if z := (g.Answer - 150) / math.Sqrt(g.AnswerVar); math.Abs(z) > 4 {
+			t.Errorf("group %d: answers %.1f ± %.1f tokens, want 150", g.Key, g.Answer, math.Sqrt(g.AnswerVar))
+		}
+		// Some 100 s of requests at the group's rate: the mean's standard
+		// error about 50/sqrt(rate·100/2).
+		if se, want := math.Sqrt(g.AnswerVar), 50/math.Sqrt(c.arrivals*50); se < want/2 || se > want*2 {
+			t.Errorf("group %d: the answer's standard error %.2f, want about %.2f", g.Key, se, want)
+		}
+		rate, v := g.Demand()
+		if !near(rate, g.Arrivals*g.Answer) || v <= 0 {
+			t.Errorf("group %d: demand %v ± %v", g.Key, rate, math.Sqrt(v))
+		}
+	}
+	if early.Key != 1 || early.AnswerVar <= gs[0].AnswerVar || early.ArrivalsVar <= gs[0].ArrivalsVar {
+		t.Errorf("after 20 s the estimates (%+v) should be less sure than after 400 (%+v)", early, gs[0])
+	}
+	if z := (early.Arrivals - 2) / math.Sqrt(early.ArrivalsVar); math.Abs(z) > 4 {
+		t.Errorf("after 20 s: %.3f requests/s ± %.3f, want 2: a young group's window is its age", early.Arrivals, math.Sqrt(early.ArrivalsVar))
+	}
+}
+
+// TestLongRunOneRequest: a group seen once knows nothing of its answers'
+// spread, and says so.
+func TestLongRunOneRequest(t *testing.T) {
+	tr := New(Config{})
+	now := time.Unix(1000, 0)
+	tr.Add("a", 1, 120, now)
+	g := tr.Groups(now.Add(time.Second))[0]
+	if g.Answer != 120 || math.Sqrt(g.AnswerVar) < 100 {
+		t.Fatalf("one answer of 120: %.1f ± %.1f", g.Answer, math.Sqrt(g.AnswerVar))
 	}
 }

@@ -22,6 +22,7 @@
 package planner
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -53,6 +54,9 @@ type Config struct {
 	FollowWithin time.Duration
 	// MaxPins bounds the pins of one endpoint (snapshot.MaxPins).
 	MaxPins int
+	// Sureness is how many standard errors of the loads it changes a
+	// move's gain must exceed. Default 2.
+	Sureness float64
 }
 
 func (c *Config) defaults() {
@@ -73,6 +77,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxPins <= 0 {
 		c.MaxPins = snapshot.MaxPins
+	}
+	if c.Sureness <= 0 {
+		c.Sureness = 2
 	}
 }
 
@@ -175,22 +182,25 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 	for i, e := range eps {
 		idx[e] = i
 	}
+	est := p.estimates(groups, idx)
 	load := make([]float64, len(eps))
+	loadVar := make([]float64, len(eps)) // the variance of each load's estimate
 	homed := make([]int, len(eps))
 	var members []member
-	for _, g := range groups { // the most demanding first
-		m := member{key: g.Key, home: -1}
-		best, bestRate := -1, 0.0
+	for gi, g := range groups { // the most demanding first
+		e := est[gi]
+		if e.rate <= 0 {
+			continue
+		}
+		m := member{key: g.Key, home: -1, rate: e.rate}
+		best, bestRate, inPool := -1, 0.0, 0.0
 		for _, s := range g.Shares {
 			if i, ok := idx[s.Endpoint]; ok {
-				m.rate += s.Rate
+				inPool += s.Rate
 				if s.Rate > bestRate {
 					best, bestRate = i, s.Rate
 				}
 			}
-		}
-		if m.rate <= 0 {
-			continue
 		}
 		if pn, ok := p.pins[g.Key]; ok {
 			i, in := idx[pn.endpoint]
@@ -206,11 +216,12 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 				m.home = i
 			}
 		}
-		if m.home < 0 && best >= 0 && bestRate >= homeShare*m.rate {
+		if m.home < 0 && best >= 0 && bestRate >= homeShare*inPool {
 			m.home = best
 		}
 		if m.home >= 0 {
 			load[m.home] += m.rate
+			loadVar[m.home] += e.variance
 			if _, no := p.unfollowed[g.Key]; !no && g.Requests >= p.cfg.MinRequests && homed[m.home] < maxMembers {
 				homed[m.home]++
 				members = append(members, m)
@@ -219,7 +230,9 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 		}
 		for _, s := range g.Shares {
 			if i, ok := idx[s.Endpoint]; ok {
-				load[i] += s.Rate
+				f := s.Rate / inPool
+				load[i] += f * m.rate
+				loadVar[i] += f * f * e.variance
 			}
 		}
 	}
@@ -250,7 +263,10 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 	}
 	// The best single move and the best swap, each as the busier of its
 	// two endpoints after it; a swap must beat the single move by the
-	// gain too, since it costs two cold prefills.
+	// gain too, since it costs two cold prefills. Every move must gain
+	// more than Sureness standard errors of the two loads it changes, so
+	// that what it evens out is the groups' answers and traffic, not the
+	// estimates' noise.
 	gain := p.cfg.MinGain * mean
 	single, swap := load[a]-gain, load[a]-gain
 	sg, sto, wg, wh, wto := -1, -1, -1, -1, -1
@@ -258,18 +274,19 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 		if b == a {
 			continue
 		}
+		sure := load[a] - p.cfg.Sureness*math.Sqrt(loadVar[a]+loadVar[b])
 		for gi, g := range members {
 			if g.home != a {
 				continue
 			}
-			if m := max(load[a]-g.rate, load[b]+g.rate); m < single {
+			if m := max(load[a]-g.rate, load[b]+g.rate); m < single && m < sure {
 				single, sg, sto = m, gi, b
 			}
 			for hi, h := range members {
 				if h.home != b || h.rate >= g.rate {
 					continue
 				}
-				if m := max(load[a]-g.rate+h.rate, load[b]+g.rate-h.rate); m < swap {
+				if m := max(load[a]-g.rate+h.rate, load[b]+g.rate-h.rate); m < swap && m < sure {
 					swap, wg, wh, wto = m, gi, hi, b
 				}
 			}
@@ -296,6 +313,72 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 	st.last = now
 	return out
 }
+
+// estimate is a group's long-run demand in one pool, output tokens per
+// second, and the variance of that estimate.
+type estimate struct{ rate, variance float64 }
+
+// estimates returns the long-run demand of each group in the pool of
+// endpoints idx, in groups' order (zero for a group outside it).
+//
+// A recurring group's arrival rate is shrunk toward the pool's mean by as
+// much as the rates' spread is Poisson noise (an empirical-Bayes estimate):
+// groups of equal traffic then differ only by their answers, which a few
+// dozen requests measure well, while a group that really draws more keeps
+// its own rate. The rates are estimated over minutes; at 0.5 requests a
+// second a group's count still swings by a tenth, more than the spread of
+// answers the planner is for.
+func (p *Planner) estimates(groups []demand.Group, idx map[string]int) []estimate {
+	out := make([]estimate, len(groups))
+	var sum, sumSq, noise float64
+	n := 0
+	for gi, g := range groups {
+		inPool := 0.0
+		for _, s := range g.Shares {
+			if _, ok := idx[s.Endpoint]; ok {
+				inPool += s.Rate
+			}
+		}
+		if inPool <= 0 || g.Rate <= 0 {
+			continue
+		}
+		out[gi].rate = inPool / g.Rate // the pool's fraction, for now
+		if g.Requests >= p.cfg.MinRequests {
+			n++
+			sum += g.Arrivals
+			sumSq += g.Arrivals * g.Arrivals
+			noise += g.ArrivalsVar
+		}
+	}
+	weight := 1.0 // of a group's own rate against the pool's mean
+	mean := 0.0
+	if n >= minShrunk {
+		mean = sum / float64(n)
+		spread := (sumSq - float64(n)*mean*mean) / float64(n-1)
+		noise /= float64(n)
+		if excess := max(spread-noise, 0); excess+noise > 0 {
+			weight = excess / (excess + noise)
+		}
+	}
+	for gi := range groups {
+		f := out[gi].rate
+		if f <= 0 {
+			continue
+		}
+		g := groups[gi]
+		if n >= minShrunk && g.Requests >= p.cfg.MinRequests {
+			g.Arrivals = mean + weight*(g.Arrivals-mean)
+			g.ArrivalsVar *= weight * weight
+		}
+		rate, v := g.Demand()
+		out[gi] = estimate{f * rate, f * f * v}
+	}
+	return out
+}
+
+// minShrunk is the fewest recurring groups whose spread of arrival rates
+// is worth reading; with fewer, each keeps its own.
+const minShrunk = 4
 
 // pin pins key to endpoint unless the endpoint has MaxPins already.
 func (p *Planner) pin(key uint64, endpoint string, now time.Time) bool {
