@@ -68,8 +68,9 @@ var Arms = []*Arm{
 		start: kvrouteArm(true, map[string]any{"slo_ttft_ms": 3_600_000})},
 	{Name: "kvroute-prefill", About: "kvroute precise with policy.mode prefill: TTFT alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "prefill"})},
 	{Name: "kvroute-decode", About: "kvroute precise with policy.mode decode: the decoding alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "decode"})},
+	// At info, cachesync.log records each move: which group, from and to.
 	{Name: "kvroute-moves", About: "kvroute precise with cachesync's experimental group moves (-move-groups)", Variant: true,
-		start: kvrouteArm(true, nil, "-move-groups")},
+		start: kvrouteArm(true, nil, "-move-groups", "-log-level", "info")},
 	{Name: "kvroute-slo", About: "kvroute precise with the goodput SLO stated, as policy.slo_ttft_ms and slo_tpot_ms", Variant: true, start: kvrouteSLOArm},
 	{Name: "sglang-router", About: "sglang-router 0.3.2 cache_aware", start: rivalArm("sglang-router", "launch", "--policy", "cache_aware")},
 	{Name: "smg", About: "smg 1.13.0 cache_aware", start: rivalArm("smg", "launch", "--policy", "cache_aware")},
