@@ -162,4 +162,24 @@ func newBuilder(t testing.TB, cfg BuilderConfig, endpoints int) *Builder {
 	return b
 }
 
+// image builds a manifest of n endpoints, each as endpointInfo(i) after
+// set, and returns it parsed and raw.
+func image(t *testing.T, n int, set func(i int, info *EndpointInfo)) (*Manifest, []byte) {
+	t.Helper()
+	b := newBuilder(t, BuilderConfig{ShardBits: 1}, n)
+	for i := range n {
+		info := endpointInfo(i)
+		set(i, &info)
+		if _, err := b.SetEndpoint(info); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw := b.Build(epoch).manifest
+	m, err := ParseManifest(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, raw
+}
+
 var epoch = time.Unix(1_790_000_000, 0)

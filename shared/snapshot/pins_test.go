@@ -27,20 +27,7 @@ func TestGroupKey(t *testing.T) {
 
 func pinImage(t *testing.T, pins ...[]uint64) (*Manifest, []byte) {
 	t.Helper()
-	b := newBuilder(t, BuilderConfig{ShardBits: 1}, len(pins))
-	for i, p := range pins {
-		info := endpointInfo(i)
-		info.Pins = p
-		if _, err := b.SetEndpoint(info); err != nil {
-			t.Fatal(err)
-		}
-	}
-	raw := b.Build(epoch).manifest
-	m, err := ParseManifest(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m, raw
+	return image(t, len(pins), func(i int, info *EndpointInfo) { info.Pins = pins[i] })
 }
 
 func TestPinned(t *testing.T) {

@@ -14,18 +14,7 @@ func textHashes(text string) []uint64 {
 
 func slotImage(t *testing.T, slots ...[]EngineSlot) *Manifest {
 	t.Helper()
-	b := newBuilder(t, BuilderConfig{ShardBits: 1}, len(slots))
-	for i, s := range slots {
-		info := endpointInfo(i)
-		info.Slots = s
-		if _, err := b.SetEndpoint(info); err != nil {
-			t.Fatal(err)
-		}
-	}
-	m, err := ParseManifest(b.Build(epoch).manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _ := image(t, len(slots), func(i int, info *EndpointInfo) { info.Slots = slots[i] })
 	return m
 }
 
