@@ -26,8 +26,14 @@ func (d *Daemon) plan(now time.Time) {
 		}
 	}
 	for _, m := range d.planner.Plan(now, d.demand.Groups(now), pools) {
+		group := strconv.FormatUint(m.Key, 16)
+		if m.Dropped {
+			d.log.Info("dropped a prompt group's pin: its requests did not follow", "deployment", m.Pool,
+				"group", group, "pinned_to", m.From, "output_tokens_per_second", m.Rate)
+			continue
+		}
 		d.moves++
-		d.log.Info("moved a prompt group", "deployment", m.Pool, "group", strconv.FormatUint(m.Key, 16),
+		d.log.Info("moved a prompt group", "deployment", m.Pool, "group", group,
 			"from", m.From, "to", m.To, "output_tokens_per_second", m.Rate)
 	}
 }

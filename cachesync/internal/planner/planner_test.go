@@ -64,7 +64,8 @@ func noisy(chance float64) []demand.Group {
 
 // sameMove compares moves, their rates to a tenth of a token a second.
 func sameMove(a, b Move) bool {
-	return a.Pool == b.Pool && a.Key == b.Key && a.From == b.From && a.To == b.To && math.Abs(a.Rate-b.Rate) < 0.1
+	return a.Pool == b.Pool && a.Key == b.Key && a.From == b.From && a.To == b.To && a.Dropped == b.Dropped &&
+		math.Abs(a.Rate-b.Rate) < 0.1
 }
 
 func TestPlan(t *testing.T) {
@@ -77,6 +78,12 @@ func TestPlan(t *testing.T) {
 		{"balanced: nothing", sorted(at(1, "a", 600), at(2, "b", 600), at(3, "c", 600), at(4, "d", 600)), nil},
 		{"four groups a engine, the longest answers together: a swap", b2b(), []Move{
 			{Pool: "m|65536", Key: 1, From: "a", To: "b", Rate: 164}, {Pool: "m|65536", Key: 5, From: "b", To: "a", Rate: 130}}},
+		{"two engines 4% above the mean, two below: the busiest swaps with the idlest", sorted(
+			at(1, "a", 154), at(2, "a", 152), at(3, "a", 150), at(4, "a", 147),
+			at(5, "b", 153), at(6, "b", 151), at(7, "b", 149), at(8, "b", 147),
+			at(9, "c", 143), at(10, "c", 140), at(11, "c", 139), at(12, "c", 136),
+			at(13, "d", 144), at(14, "d", 141), at(15, "d", 140), at(16, "d", 137),
+		), []Move{{Pool: "m|65536", Key: 1, From: "a", To: "c", Rate: 154}, {Pool: "m|65536", Key: 12, From: "c", To: "a", Rate: 136}}},
 		{"a small group off the busiest: one move", sorted(at(1, "a", 300), at(2, "a", 50), at(3, "b", 200), at(4, "c", 275), at(5, "d", 275)), []Move{
 			{Pool: "m|65536", Key: 2, From: "a", To: "b", Rate: 50}}},
 		{"one group bigger than the gap: no move makes it better", sorted(at(1, "a", 700), at(2, "b", 500), at(3, "c", 500), at(4, "d", 500)), nil},
@@ -173,7 +180,10 @@ func TestPinsLast(t *testing.T) {
 			followed[i].Shares = []demand.Share{{Endpoint: "a", Rate: followed[i].Rate}}
 		}
 	}
-	p.Plan(now.Add(61*time.Second), followed, pool)
+	got := p.Plan(now.Add(61*time.Second), followed, pool)
+	if want := (Move{Pool: "m|65536", Key: 1, From: "b", Rate: 164, Dropped: true}); len(got) == 0 || !sameMove(got[0], want) {
+		t.Errorf("Plan = %+v, want first the unfollowed pin reported dropped: %+v", got, want)
+	}
 	if slices.Contains(p.Pins("b"), 1) || !slices.Contains(p.Pins("a"), 5) {
 		t.Fatalf("pins a %v, b %v; want group 5's at a, not group 1's at b", p.Pins("a"), p.Pins("b"))
 	}
