@@ -23,6 +23,13 @@ import (
 	"github.com/kvroute/kvroute/e2e/vllmsim"
 )
 
+// The binaries make builds; the bench refuses them when older than their
+// sources.
+const (
+	defaultCachesync = "build/cachesync"
+	defaultWasm      = "build/kvroute.wasm"
+)
+
 func main() {
 	var (
 		out          = flag.String("out", "results/bench", "results directory")
@@ -41,8 +48,8 @@ func main() {
 		render       = flag.Bool("render", false, "rewrite the report and plots in -out from its summary.json, running nothing")
 		merge        = flag.String("merge", "", "with -render: comma-separated results directories whose arms replace the same arms in -out")
 		tokenizer    = flag.String("tokenizer", "build/bench/tokenizer", "HuggingFace tokenizer directory (written if missing)")
-		cachesync    = flag.String("cachesync", "build/cachesync", "cachesync binary")
-		wasm         = flag.String("wasm", "build/kvroute.wasm", "the filter module")
+		cachesync    = flag.String("cachesync", defaultCachesync, "cachesync binary (the default checked against its sources)")
+		wasm         = flag.String("wasm", defaultWasm, "the filter module (the default checked against its sources)")
 		floor        = flag.String("floor", "build/floor.wasm", "the floor module (e2e/bench/floor)")
 		filterCost   = flag.Bool("filter-cost", false, "measure the filter's own cost in real Envoy first")
 		costRounds   = flag.Int("filter-cost-rounds", 5, "interleaved rounds of the filter-cost measurement")
@@ -161,6 +168,13 @@ func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesyn
 	if _, err := os.Stat(filepath.Join(tokenizer, "tokenizer.json")); err != nil {
 		if err := vllmsim.WriteHFTokenizer(tokenizer); err != nil {
 			return o, err
+		}
+	}
+	for bin, dirs := range map[string][]string{defaultCachesync: {"cachesync", "shared"}, defaultWasm: {"filter", "shared"}} {
+		if bin == cachesync || bin == wasm {
+			if err := notStale(bin, dirs...); err != nil {
+				return o, err
+			}
 		}
 	}
 	o.Tools = bench.Tools{EnvoyYAML: "envoy.yaml", Wasm: wasm, Cachesync: cachesync, Routers: map[string]string{}}
