@@ -98,7 +98,6 @@ func (l *level) valueAt(now int64, tau float64) float64 {
 
 type group struct {
 	eps map[string]*level
-	n   level // requests
 	// Over the long time constant: requests, their output tokens and its
 	// square, and the squared weights (decayed twice as fast), which give
 	// the sample's effective size. first is when the group was first seen.
@@ -149,7 +148,7 @@ func (t *Tracker) Add(endpoint string, key uint64, output int, now time.Time) {
 		if len(t.groups) >= t.maxG {
 			t.trim(ns)
 		}
-		g = &group{eps: map[string]*level{}, n: level{at: ns}, ln: level{at: ns}, lx: level{at: ns}, lq: level{at: ns},
+		g = &group{eps: map[string]*level{}, ln: level{at: ns}, lx: level{at: ns}, lq: level{at: ns},
 			lw2: level{at: ns}, first: ns}
 		t.groups[key] = g
 	}
@@ -163,7 +162,6 @@ func (t *Tracker) Add(endpoint string, key uint64, output int, now time.Time) {
 		g.eps[endpoint] = l
 	}
 	l.add(ns, t.tau, x)
-	g.n.add(ns, t.tau, 1)
 	e := t.eps[endpoint]
 	if e == nil {
 		e = &level{at: ns}
@@ -249,9 +247,10 @@ type Group struct {
 	Key    uint64
 	Rate   float64 // output tokens per second over every endpoint
 	Shares []Share // by endpoint address
-	// Requests is how many of its requests were seen within about a time
-	// constant (decayed like the rates): a group of one request is a
-	// prompt that may never come back.
+	// Requests is how many of its requests were seen within about the
+	// long time constant (decayed like the long-run estimates): a group
+	// of one request is a prompt that may never come back, and a lull of
+	// a few seconds does not make a recurring group a new one.
 	Requests float64
 
 	// Over the long time constant, each with the variance of its estimate:
@@ -304,7 +303,7 @@ func (t *Tracker) Groups(now time.Time) []Group {
 	defer t.mu.Unlock()
 	out := make([]Group, 0, len(t.groups))
 	for k, g := range t.groups {
-		x := Group{Key: k, Requests: g.n.valueAt(ns, t.tau)}
+		x := Group{Key: k, Requests: g.ln.valueAt(ns, t.long)}
 		g.longRun(&x, ns, t.long)
 		for ep, l := range g.eps {
 			r := l.valueAt(ns, t.tau) / t.tau

@@ -71,9 +71,17 @@ func TestSteadyRate(t *testing.T) {
 	if got := tr.Endpoint("b", now); math.Abs(got-def/2) > def*0.06 {
 		t.Errorf("endpoint b: %.1f tokens/s, want about %v", got, def/2)
 	}
+	// Requests counts over the long time constant: 200 seconds' worth.
+	long := DefaultLongTimeConstant.Seconds()
+	seen := -math.Expm1(-200/long) / -math.Expm1(-1/long)
 	gs := tr.Groups(now)
-	if len(gs) != 2 || gs[0].Key != 7 || math.Abs(gs[0].Requests-10) > 1 || len(gs[0].Shares) != 1 || gs[0].Shares[0].Endpoint != "a" || !near(gs[0].Rate, gs[0].Shares[0].Rate) {
+	if len(gs) != 2 || gs[0].Key != 7 || math.Abs(gs[0].Requests-seen) > 1 || len(gs[0].Shares) != 1 || gs[0].Shares[0].Endpoint != "a" || !near(gs[0].Rate, gs[0].Shares[0].Rate) {
 		t.Fatalf("groups %+v, want group 7 first, all at a", gs)
+	}
+	// A lull of a minute empties the 30 s figures, not the count that
+	// says the group recurs.
+	if gs := tr.Groups(now.Add(time.Minute)); gs[0].Requests < 0.8*seen {
+		t.Errorf("after a minute's lull: %.1f requests, want about %.0f", gs[0].Requests, 0.82*seen)
 	}
 	if got := tr.Endpoint("nobody", now); got != 0 {
 		t.Errorf("an endpoint without requests reads %v", got)

@@ -45,7 +45,7 @@ type Config struct {
 	// the pool's first demand: the demand figures need about a time
 	// constant to show a move's effect and a group's answers. Default 30 s.
 	Cooldown time.Duration
-	// MinRequests is how many requests (decayed over the demand's time
+	// MinRequests is how many requests (decayed over the demand's long time
 	// constant) a group must have brought to be moved. Default 4.
 	MinRequests float64
 	// FollowWithin is how long after a move its group's requests must
