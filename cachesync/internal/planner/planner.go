@@ -14,7 +14,8 @@
 // busier of the two the most. A move is a pin (snapshot.EndpointInfo.Pins)
 // that the policy follows while the target can take the group's requests.
 //
-// It moves at most once per Cooldown in a pool, only groups that recur
+// It moves at most once per Cooldown in a pool, a group at most once per
+// ten minutes (restFor), only groups that recur
 // (MinRequests), only a group whose requests go to one endpoint (a hot
 // prefix spread over several is the policy's to spread), and only for a
 // gain of MinGain of the mean: each move costs the target a cold prefill
@@ -33,10 +34,11 @@ import (
 // Config sets the planner's thresholds. The zero value means the defaults.
 type Config struct {
 	// Threshold: a pool is planned for when its busiest endpoint's demand
-	// is more than this share above the mean. Default 0.03: the best
+	// is more than this share above the mean. Default 0.05: the best
 	// placement of b2b-saas's groups (equal traffic, 100-200-token
-	// answers) leaves 2-3%, and a map drawn with two engines 4% above the
-	// mean served 2% fewer tokens a second than that.
+	// answers) leaves 2-3%. A map with two engines 4% above the mean
+	// serves 2% fewer tokens a second than that, but planning from 3%
+	// moved a group every cooldown, each move a cold prefill under load.
 	Threshold float64
 	// MinGain is the least share of the mean a move must take off the
 	// busier of its two endpoints. Default 0.02.
@@ -62,7 +64,7 @@ type Config struct {
 
 func (c *Config) defaults() {
 	if c.Threshold <= 0 {
-		c.Threshold = 0.03
+		c.Threshold = 0.05
 	}
 	if c.MinGain <= 0 {
 		c.MinGain = 0.02
@@ -97,16 +99,20 @@ type Planner struct {
 	cfg   Config
 	pins  map[uint64]pin
 	pools map[string]*poolState
-	// unfollowed are the groups whose last pin their requests did not
-	// follow, and when it was dropped: not moved again for refuseFor.
-	unfollowed map[uint64]time.Time
+	// resting are the groups moved, or whose pin was dropped, and when:
+	// not moved again for restFor.
+	resting map[uint64]time.Time
 }
 
-// refuseFor is how long a group whose requests did not follow its pin is
-// left where the policy puts it: what kept it from its target (a
-// saturated batch, a long queue) lasts, and moving it again would only
-// cost another cold prefill.
-const refuseFor = 10 * time.Minute
+// restFor is how long a group is left where it is after a move, or after
+// its requests did not follow a pin (then where the policy puts it). Each
+// move costs a cold prefill, and under load a stall of the batch it lands
+// in; the figures that chose it are estimates, and the smallest group of a
+// pool is every swap's best partner: with 30 s between moves, a quick
+// ladder saw one group swapped six times in three minutes, and lost its
+// knee. What kept a group from its target (a saturated batch, a long
+// queue) lasts too.
+const restFor = 10 * time.Minute
 
 type pin struct {
 	endpoint string
@@ -120,7 +126,7 @@ type poolState struct {
 // New returns a Planner.
 func New(cfg Config) *Planner {
 	cfg.defaults()
-	return &Planner{cfg: cfg, pins: map[uint64]pin{}, pools: map[string]*poolState{}, unfollowed: map[uint64]time.Time{}}
+	return &Planner{cfg: cfg, pins: map[uint64]pin{}, pools: map[string]*poolState{}, resting: map[uint64]time.Time{}}
 }
 
 // Move is one group moved, or a move undone.
@@ -154,9 +160,9 @@ func (p *Planner) Plan(now time.Time, groups []demand.Group, pools map[string][]
 			delete(p.pins, k)
 		}
 	}
-	for k, at := range p.unfollowed {
-		if now.Sub(at) > refuseFor {
-			delete(p.unfollowed, k)
+	for k, at := range p.resting {
+		if now.Sub(at) > restFor {
+			delete(p.resting, k)
 		}
 	}
 	var out []Move
@@ -215,7 +221,7 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 				// Its requests do not follow the pin: the target cannot
 				// take them (saturated, slow); let the policy have them.
 				delete(p.pins, g.Key)
-				p.unfollowed[g.Key] = now
+				p.resting[g.Key] = now
 				out = append(out, Move{Pool: name, Key: g.Key, From: pn.endpoint, Rate: e.rate, Dropped: true})
 			default:
 				m.home = i
@@ -227,7 +233,7 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 		if m.home >= 0 {
 			load[m.home] += m.rate
 			loadVar[m.home] += e.variance
-			if _, no := p.unfollowed[g.Key]; !no && g.Requests >= p.cfg.MinRequests && homed[m.home] < maxMembers {
+			if _, rests := p.resting[g.Key]; !rests && g.Requests >= p.cfg.MinRequests && homed[m.home] < maxMembers {
 				homed[m.home]++
 				members = append(members, m)
 			}
@@ -267,8 +273,9 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 		return out
 	}
 	// The best single move and the best swap, each as the busier of its
-	// two endpoints after it; a swap must beat a single move by the gain
-	// too, since it costs two cold prefills. Every move must gain
+	// two endpoints after it; a swap must beat the single move by the
+	// gain too, since it costs two cold prefills (with no single move, it
+	// must gain twice MinGain). Every move must gain
 	// more than Sureness standard errors of the two loads it changes, so
 	// that what it evens out is the groups' answers and traffic, not the
 	// estimates' noise.
@@ -298,7 +305,7 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 		}
 	}
 	moveG, moveH, to := sg, -1, sto
-	if wg >= 0 && (sg < 0 || swap < single-gain) {
+	if wg >= 0 && swap < single-gain {
 		moveG, moveH, to = wg, wh, wto
 	}
 	if moveG < 0 {
@@ -385,7 +392,8 @@ func (p *Planner) estimates(groups []demand.Group, idx map[string]int) []estimat
 // is worth reading; with fewer, each keeps its own.
 const minShrunk = 4
 
-// pin pins key to endpoint unless the endpoint has MaxPins already.
+// pin pins key to endpoint unless the endpoint has MaxPins already, and
+// rests the group.
 func (p *Planner) pin(key uint64, endpoint string, now time.Time) bool {
 	n := 0
 	for _, pn := range p.pins {
@@ -397,6 +405,7 @@ func (p *Planner) pin(key uint64, endpoint string, now time.Time) bool {
 		return false
 	}
 	p.pins[key] = pin{endpoint, now}
+	p.resting[key] = now
 	return true
 }
 

@@ -78,12 +78,12 @@ func TestPlan(t *testing.T) {
 		{"balanced: nothing", sorted(at(1, "a", 600), at(2, "b", 600), at(3, "c", 600), at(4, "d", 600)), nil},
 		{"four groups a engine, the longest answers together: a swap", b2b(), []Move{
 			{Pool: "m|65536", Key: 1, From: "a", To: "b", Rate: 164}, {Pool: "m|65536", Key: 5, From: "b", To: "a", Rate: 130}}},
-		{"two engines 4% above the mean, two below: the busiest swaps with the idlest", sorted(
+		{"two engines 4% above the mean, two below: under the threshold", sorted(
 			at(1, "a", 154), at(2, "a", 152), at(3, "a", 150), at(4, "a", 147),
 			at(5, "b", 153), at(6, "b", 151), at(7, "b", 149), at(8, "b", 147),
 			at(9, "c", 143), at(10, "c", 140), at(11, "c", 139), at(12, "c", 136),
 			at(13, "d", 144), at(14, "d", 141), at(15, "d", 140), at(16, "d", 137),
-		), []Move{{Pool: "m|65536", Key: 1, From: "a", To: "c", Rate: 154}, {Pool: "m|65536", Key: 12, From: "c", To: "a", Rate: 136}}},
+		), nil},
 		{"a small group off the busiest: one move", sorted(at(1, "a", 300), at(2, "a", 50), at(3, "b", 200), at(4, "c", 275), at(5, "d", 275)), []Move{
 			{Pool: "m|65536", Key: 2, From: "a", To: "b", Rate: 50}}},
 		{"one group bigger than the gap: no move makes it better", sorted(at(1, "a", 700), at(2, "b", 500), at(3, "c", 500), at(4, "d", 500)), nil},
@@ -210,5 +210,52 @@ func TestMaxPins(t *testing.T) {
 	p.Plan(t0, gs, pool)
 	if got := p.Plan(t0.Add(31*time.Second), gs, pool); len(got) != 0 {
 		t.Fatalf("moved %+v to an endpoint at its pin bound", got)
+	}
+}
+
+// TestMovedGroupsRest: a group moved is left where it is for restFor. The
+// smallest group of a pool is every swap's best partner; without the rest
+// it would be swapped on at every cooldown.
+func TestMovedGroupsRest(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	p := New(Config{MinGain: 0.005})
+	p.Plan(t0, b2b(), pool)
+	now := t0.Add(31 * time.Second)
+	if got := p.Plan(now, b2b(), pool); len(got) != 2 || got[0].Key != 1 || got[1].Key != 5 {
+		t.Fatalf("moves %+v, want groups 1 and 5 swapped", got)
+	}
+	// The groups followed their pins, and group 9's answers run longer
+	// than they first did: c is now the busiest, and the best partner for
+	// one of its groups is group 5, the smallest, just moved to a.
+	after := func() []demand.Group {
+		gs := b2b()
+		for i := range gs {
+			switch gs[i].Key {
+			case 1:
+				gs[i] = at(1, "b", 164)
+			case 5:
+				gs[i] = at(5, "a", 130)
+			case 9:
+				gs[i] = at(9, "c", 190)
+			}
+		}
+		return sorted(gs...)
+	}
+	got := p.Plan(now.Add(time.Minute), after(), pool)
+	if len(got) != 2 || got[0].From != "c" {
+		t.Fatalf("moves %+v, want one of c's groups swapped", got)
+	}
+	for _, m := range got {
+		if m.Key == 1 || m.Key == 5 {
+			t.Fatalf("moves %+v: a group moved a minute ago moved again", got)
+		}
+	}
+	// Past the rest, group 5 may move again.
+	p = New(Config{MinGain: 0.005})
+	p.Plan(t0, b2b(), pool)
+	p.Plan(now, b2b(), pool)
+	got = p.Plan(now.Add(restFor+time.Second), after(), pool)
+	if len(got) != 2 || got[1].Key != 5 {
+		t.Fatalf("after the rest: moves %+v, want group 5 swapped for one of c's", got)
 	}
 }
