@@ -15,11 +15,11 @@
 // that the policy follows while the target can take the group's requests.
 //
 // It moves at most once per Cooldown in a pool, a group at most once per
-// ten minutes (restFor), only groups that recur
-// (MinRequests), only a group whose requests go to one endpoint (a hot
-// prefix spread over several is the policy's to spread), and only for a
-// gain of MinGain of the mean: each move costs the target a cold prefill
-// of the group's prefix.
+// ten minutes (restFor), only groups that recur (MinRequests), only a
+// group whose requests go to one endpoint (a hot prefix spread over
+// several is the policy's to spread), and only for a gain of MinGain of
+// the mean: each move costs the target a cold prefill of the group's
+// prefix.
 package planner
 
 import (
