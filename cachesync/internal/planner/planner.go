@@ -275,10 +275,9 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 	// The best single move and the best swap, each as the busier of its
 	// two endpoints after it; a swap must beat the single move by the
 	// gain too, since it costs two cold prefills (with no single move, it
-	// must gain twice MinGain). Every move must gain
-	// more than Sureness standard errors of the two loads it changes, so
-	// that what it evens out is the groups' answers and traffic, not the
-	// estimates' noise.
+	// must gain twice MinGain). Every move must gain more than Sureness
+	// standard errors of the two loads it changes, so that what it evens
+	// out is the groups' answers and traffic, not the estimates' noise.
 	gain := p.cfg.MinGain * mean
 	single, swap := load[a]-gain, load[a]-gain
 	sg, sto, wg, wh, wto := -1, -1, -1, -1, -1
