@@ -109,7 +109,7 @@ type Planner struct {
 // move costs a cold prefill, and under load a stall of the batch it lands
 // in; the figures that chose it are estimates, and the smallest group of a
 // pool is every swap's best partner: with 30 s between moves, a quick
-// ladder saw one group swapped six times in three minutes, and lost its
+// ladder saw one group swapped five times in three minutes, and lost its
 // knee. What kept a group from its target (a saturated batch, a long
 // queue) lasts too.
 const restFor = 10 * time.Minute
