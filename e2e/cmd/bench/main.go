@@ -170,11 +170,14 @@ func options(out, workloads, arms string, quick bool, venvs, tokenizer, cachesyn
 			return o, err
 		}
 	}
-	for bin, dirs := range map[string][]string{defaultCachesync: {"cachesync", "shared"}, defaultWasm: {"filter", "shared"}} {
-		if bin == cachesync || bin == wasm {
-			if err := notStale(bin, dirs...); err != nil {
-				return o, err
-			}
+	if cachesync == defaultCachesync {
+		if err := notStale(cachesync, "cachesync", "shared"); err != nil {
+			return o, err
+		}
+	}
+	if wasm == defaultWasm {
+		if err := notStale(wasm, "filter", "shared"); err != nil {
+			return o, err
 		}
 	}
 	o.Tools = bench.Tools{EnvoyYAML: "envoy.yaml", Wasm: wasm, Cachesync: cachesync, Routers: map[string]string{}}
