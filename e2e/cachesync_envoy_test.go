@@ -637,3 +637,43 @@ func TestStepClock(t *testing.T) {
 	}
 	t.Logf("%d distinct step waits, up to %d µs", len(waits), most)
 }
+
+// TestOutcomesOnlyFromStreams: cachesync learns time to first token only
+// from streamed answers. A non-streamed answer's first byte comes with its
+// last token, and an engine's error with none: counted as times to first
+// token, a pool of non-streaming clients taught the fit their whole
+// latency, and every rejected request a first token within a millisecond.
+func TestOutcomesOnlyFromStreams(t *testing.T) {
+	es := startEngines(t, 1, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+	system := strings.Repeat("Answer briefly and cite the policy section. ", 20)
+	waitFor(t, 10*time.Second, "a snapshot-driven decision", func() bool {
+		return !strings.Contains(probe(t, g, system, "warm"), "reason=rendezvous")
+	})
+	const outcomes = "kvroute_cachesync_ttft_prediction_error_ratio"
+	counted := func() float64 {
+		n, _ := sample(metrics(t, "http://"+cs.addr+"/metrics"), outcomes)
+		return n
+	}
+	before := counted()
+	const each = 8
+	for i := range each {
+		probe(t, g, system, "rejected "+strconv.Itoa(i)) // the engine answers 400
+		if code, d := post(t, g.client, g.url, simChat(system, "whole "+strconv.Itoa(i), 16)); code != http.StatusOK || field(d, "reason") == "rendezvous" {
+			t.Fatalf("not streamed: status %d, decision %q", code, d)
+		}
+	}
+	for i := range each {
+		if s := streamChat(g.client, g.url, system, "streamed "+strconv.Itoa(i), 16); !s.complete {
+			t.Fatalf("stream %d incomplete", i)
+		}
+	}
+	// The streams' outcomes come after the others' would have: once they
+	// are in, so is everything that was going to be.
+	waitFor(t, 5*time.Second, "the streams' outcomes", func() bool { return counted() >= before+each })
+	time.Sleep(300 * time.Millisecond) // three ticks for anything straggling
+	if got := counted() - before; got != each {
+		t.Errorf("cachesync took %v outcomes from %d streamed, %d non-streamed and %d rejected requests; want the streamed ones'", got, each, each, each)
+	}
+}

@@ -80,7 +80,8 @@ func parseMetrics(t *testing.T, b []byte) map[string]*dto.MetricFamily {
 var selectorLabel = regexp.MustCompile(`(\w+)="([^"]*)"`)
 
 // sample finds the one sample of the selector name{label="v",...} whose
-// labels include the selector's, and returns its value.
+// labels include the selector's, and returns its value (a histogram's:
+// its count).
 func sample(fams map[string]*dto.MetricFamily, selector string) (float64, bool) {
 	name, labels, _ := strings.Cut(selector, "{")
 	fam := fams[name]
@@ -107,6 +108,8 @@ func sample(fams map[string]*dto.MetricFamily, selector string) (float64, bool) 
 			value = m.Gauge.GetValue()
 		case m.Counter != nil:
 			value = m.Counter.GetValue()
+		case m.Histogram != nil:
+			value = float64(m.Histogram.GetSampleCount())
 		}
 	}
 	return value, found == 1

@@ -382,9 +382,9 @@ func (h *httpContext) report(d *decision) {
 }
 
 // releasePrefill gives back the stream's uncached prompt tokens: once the
-// first response byte is out, its prefill is done. It is also when the
-// request's time to first token is known, which goes to cachesync with the
-// terms the policy priced it by.
+// first response byte is out, its prefill is done. In a streamed answer it
+// is also when the request's time to first token is known, which goes to
+// cachesync with the terms the policy priced it by.
 func (h *httpContext) releasePrefill() {
 	if h.outcomePending {
 		h.outcomePending = false
@@ -440,6 +440,12 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 				h.clock = endpointHash(string(served))
 			}
 		}
+	}
+	if !h.streaming {
+		// The first byte of an answer that is not streamed comes with its
+		// last token, and that of an error with no token at all: as times
+		// to first token, either would teach the fit nonsense.
+		h.outcomePending = false
 	}
 	if endOfStream {
 		h.releasePrefill()
