@@ -638,6 +638,66 @@ func TestStepClock(t *testing.T) {
 	t.Logf("%d distinct step waits, up to %d µs", len(waits), most)
 }
 
+// TestNonStreamedPrefillReleased: a non-streamed request's uncached prompt
+// counts as load on its endpoint until its prefill is predicted to end, not
+// until its answer ends. Its first response byte comes with its last token:
+// held until then, a long answer's prompt stood in every later decision's
+// backlog for the whole of its decoding.
+func TestNonStreamedPrefillReleased(t *testing.T) {
+	es := startEngines(t, 1, vllmsim.Config{NumGPUBlocks: 2048, TimeScale: 1})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+	system := strings.Repeat("Answer briefly and cite the policy section. ", 20)
+	waitFor(t, 10*time.Second, "a snapshot-driven decision", func() bool {
+		return !strings.Contains(probe(t, g, system, "warm"), "reason=rendezvous")
+	})
+	backlog := func() int {
+		n, err := strconv.Atoi(field(probe(t, g, system, "backlog?"), "backlog_tokens"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	idle := backlog()
+
+	// A prompt of about 2,000 new tokens, and an answer of 400 that takes
+	// the simulator four seconds or more to decode.
+	long := strings.Repeat("Every clause of this contract is new to the engine. ", 160)
+	done := make(chan string, 1)
+	go func() {
+		_, d, err := tryPost(g.client, g.url, simChat(long, "summarise", 400))
+		if err != nil {
+			d = "error: " + err.Error()
+		}
+		done <- d
+	}()
+	most := 0
+	var d string
+	deadline := time.After(3 * time.Second)
+	for released := false; !released; {
+		select {
+		case d = <-done:
+			t.Fatalf("the answer ended before its prefill was released: %s (backlog at most %d)", d, most)
+		case <-deadline:
+			t.Fatalf("3 s on, the backlog still counts the prompt (at most %d tokens, %d idle)", most, idle)
+		case <-time.After(50 * time.Millisecond):
+			n := backlog()
+			most = max(most, n)
+			released = most > idle+1000 && n < idle+100
+		}
+	}
+	select {
+	case d = <-done:
+		t.Fatalf("the answer ended as its prefill was released: %s", d)
+	default:
+	}
+	d = <-done
+	if want := "ttft_ms="; !strings.Contains(d, want) {
+		t.Fatalf("the long request was not priced: %s", d)
+	}
+	t.Logf("backlog up to %d tokens, released while decoding; predicted TTFT %s ms", most, field(d, "ttft_ms"))
+}
+
 // TestOutcomesOnlyFromStreams: cachesync learns time to first token only
 // from streamed answers. A non-streamed answer's first byte comes with its
 // last token, and an engine's error with none: counted as times to first

@@ -43,6 +43,9 @@ type pluginContext struct {
 	// held are the streams paused in their request headers, waiting for
 	// the body, by context id.
 	held map[uint32]*httpContext
+	// prefilling are the non-streamed requests whose prefill is still
+	// counted as load, by context id (httpContext.prefillDue).
+	prefilling map[uint32]*httpContext
 	// body, named and record are reused across this VM's requests.
 	body   []byte
 	named  []byte
@@ -75,6 +78,7 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	p.runtime = newRuntimeStats()
 	p.load = newLoadTracker(vm, max(10*time.Second, 20*p.cfg.syncInterval), p.cfg.sessionTTL, p.cfg.syncInterval)
 	p.held = map[uint32]*httpContext{}
+	p.prefilling = map[uint32]*httpContext{}
 	if p.sync, err = newSyncer(&p.cfg, vm, p.m); err != nil {
 		proxywasm.LogCritical("kvroute: " + err.Error())
 		return types.OnPluginStartStatusFailed
@@ -86,13 +90,19 @@ func (p *pluginContext) OnPluginStart(size int) types.OnPluginStartStatus {
 	return types.OnPluginStartStatusOK
 }
 
-// OnTick refreshes the snapshot, beats this VM's in-flight row, and frees
+// OnTick refreshes the snapshot, beats this VM's in-flight row, gives back
+// the prefill of non-streamed requests predicted to be past it, and frees
 // requests whose body never began to come.
 func (p *pluginContext) OnTick() {
 	now := time.Now()
 	p.sync.tick(now)
 	p.load.change(0, inflight.Counts{})
 	p.load.sample(now, p.sync.view.Manifest(), p.cfg.syncInterval)
+	for _, h := range p.prefilling {
+		if now.After(h.prefillDue) {
+			h.givePrefillBack()
+		}
+	}
 	for id, h := range p.held {
 		if now.Sub(h.heldSince) < p.cfg.holdTimeout {
 			continue
@@ -139,6 +149,10 @@ type httpContext struct {
 	contentLength    bool     // the request came with a content-length header
 	routedAt         time.Time
 	outcomePending   bool
+	// prefillDue is when a non-streamed request's prefill is predicted to
+	// end: its first response byte comes with its last token, so its
+	// prefill is given back then (pluginContext.prefilling), not there.
+	prefillDue time.Time
 	api              prompt.API
 	// learning: a Responses API answer is being read for its id, which
 	// head gathers, to pin to the endpoint that served it (served).
@@ -348,6 +362,10 @@ func (h *httpContext) account(d *decision) {
 	h.requestPending = true
 	h.plugin.m.inflight.Add(1)
 	h.plugin.load.change(h.endpoint, inflight.Counts{PrefillTokens: h.prefillPending, Requests: 1})
+	if !d.stream && h.prefillPending > 0 && d.policy.Chosen.TTFT > 0 {
+		h.prefillDue = h.routedAt.Add(d.policy.Chosen.TTFT)
+		h.plugin.prefilling[h.id] = h
+	}
 	if d.policy.UncachedTokens <= maxLeadTokens {
 		h.stepLeft, h.stepLength = h.plugin.load.steps.at(h.endpoint, h.routedAt.UnixNano())
 	}
@@ -390,6 +408,13 @@ func (h *httpContext) releasePrefill() {
 		h.outcomePending = false
 		h.reportOutcome(time.Since(h.routedAt))
 	}
+	h.givePrefillBack()
+}
+
+// givePrefillBack releases the stream's uncached prompt tokens from this
+// gateway's in-flight load.
+func (h *httpContext) givePrefillBack() {
+	delete(h.plugin.prefilling, h.id)
 	if h.prefillPending == 0 {
 		return
 	}
@@ -490,6 +515,7 @@ func (h *httpContext) learnResponse(size int, endOfStream bool) {
 
 func (h *httpContext) OnHttpStreamDone() {
 	delete(h.plugin.held, h.id)
+	delete(h.plugin.prefilling, h.id)
 	if !h.requestPending {
 		return
 	}

@@ -100,6 +100,8 @@ type decision struct {
 	// output is the tokens the request asks to generate at most, 0 when
 	// it does not say.
 	output int
+	// stream: the request asks for its answer streamed.
+	stream bool
 	// runner is the runner-up endpoint's address, "" if none.
 	runner string
 	// destination is the destination header's value: endpoint, then the
@@ -205,7 +207,7 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 	bs := r.cfg.hashing.Size()
 	r.blocks = min(len(p.Text)/bs, r.cfg.hashing.Max())
 	r.hashes = blockhash.Append(r.hashes[:0], seed, p.Text[:min(r.blocks, r.cfg.hashAhead())*bs], r.cfg.hashing)
-	d := decision{model: p.Model, template: tmpl, promptTokens: policy.Tokens(len(p.Text), m), output: p.MaxTokens}
+	d := decision{model: p.Model, template: tmpl, promptTokens: policy.Tokens(len(p.Text), m), output: p.MaxTokens, stream: p.Stream}
 
 	if m != nil {
 		req := policy.Request{
@@ -340,7 +342,7 @@ func (r *router) shippedTemplate(view *snapshot.View, model string) *prompt.Jinj
 // hashed, reported or placed.
 func (r *router) toPinned(ep uint64, view *snapshot.View, m *snapshot.Manifest, local loads, o routeOptions, p prompt.Prompt, tmpl prompt.Template) (decision, bool) {
 	r.hashes, r.blocks = r.hashes[:0], 0
-	d := decision{model: p.Model, template: tmpl, promptTokens: policy.Tokens(len(p.Text), m), reason: reasonResponse}
+	d := decision{model: p.Model, template: tmpl, promptTokens: policy.Tokens(len(p.Text), m), reason: reasonResponse, stream: p.Stream}
 	if m != nil {
 		n := m.NumEndpoints()
 		if cap(r.allowed) < n {

@@ -269,7 +269,7 @@ func (c *conversion) messages(first bool) {
 func (r *Renderer) fromMessages(body []byte) error {
 	c := &conversion{}
 	c.begin(r, body)
-	var model, maxTokens, system, messages, tools, kwargs span
+	var model, maxTokens, stream, system, messages, tools, kwargs span
 	if c.in.ws() != '{' {
 		return ErrInvalidJSON
 	}
@@ -279,6 +279,8 @@ func (r *Renderer) fromMessages(body []byte) error {
 			model = v
 		case c.key(k, "max_tokens"):
 			maxTokens = v
+		case c.key(k, "stream"):
+			stream = v
 		case c.key(k, "system"):
 			system = v
 		case c.key(k, "messages"):
@@ -301,6 +303,7 @@ func (r *Renderer) fromMessages(body []byte) error {
 	}
 	first := c.copied(true, "model", model)
 	first = c.copied(first, "max_tokens", maxTokens)
+	first = c.copied(first, "stream", stream)
 	c.messages(c.copied(first, "chat_template_kwargs", kwargs))
 	if err := c.anthropicSystem(system, messages); err != nil {
 		return err
@@ -808,7 +811,7 @@ type responseCall struct{ id, name, args span }
 func (r *Renderer) fromResponses(body []byte) error {
 	c := &conversion{}
 	c.begin(r, body)
-	var model, maxTokens, instructions, input, tools, prev span
+	var model, maxTokens, stream, instructions, input, tools, prev span
 	if c.in.ws() != '{' {
 		return ErrInvalidJSON
 	}
@@ -818,6 +821,8 @@ func (r *Renderer) fromResponses(body []byte) error {
 			model = v
 		case c.key(k, "max_output_tokens"):
 			maxTokens = v
+		case c.key(k, "stream"):
+			stream = v
 		case c.key(k, "instructions"):
 			instructions = v
 		case c.key(k, "input"):
@@ -842,7 +847,8 @@ func (r *Renderer) fromResponses(body []byte) error {
 		return ErrNoPrompt
 	}
 	first := c.copied(true, "model", model)
-	c.messages(c.copied(first, "max_tokens", maxTokens))
+	first = c.copied(first, "max_tokens", maxTokens)
+	c.messages(c.copied(first, "stream", stream))
 	if c.nonEmpty(instructions) {
 		c.message("system")
 		c.member("content")

@@ -219,6 +219,8 @@ type Prompt struct {
 	// CacheSalt is vLLM's cache_salt: the engine shares cached blocks only
 	// between requests with the same salt (blockhash.Salted).
 	CacheSalt string
+	// Stream: the request asks for its answer streamed ("stream": true).
+	Stream bool
 }
 
 // Errors Render returns; the filter turns each into a fallback. Errors that
@@ -328,7 +330,7 @@ func (r *Renderer) PreviousResponse() string { return r.prev }
 // RenderParsed appends the canonical text of the body last parsed to dst[:0]
 // using template t.
 func (r *Renderer) RenderParsed(dst []byte, t Template) (Prompt, error) {
-	p := Prompt{Prompts: 1, MaxTokens: r.req.maxTokens, Model: r.Model()}
+	p := Prompt{Prompts: 1, MaxTokens: r.req.maxTokens, Model: r.Model(), Stream: r.req.stream}
 	if r.req.maxCompletion > 0 {
 		p.MaxTokens = r.req.maxCompletion
 	}

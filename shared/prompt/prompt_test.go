@@ -426,6 +426,41 @@ func TestMaxTokens(t *testing.T) {
 	}
 }
 
+// TestStream: whether the answer will be streamed, in each API's request.
+// The filter reads the first token's time from a stream's first event
+// only, and holds a non-streamed request's prefill as load until the
+// predicted first token.
+func TestStream(t *testing.T) {
+	for _, tc := range []struct {
+		api  API
+		body string
+		want bool
+	}{
+		{OpenAI, `{"model":"m","prompt":"hi"}`, false},
+		{OpenAI, `{"model":"m","prompt":"hi","stream":true}`, true},
+		{OpenAI, `{"stream":true,"model":"m","messages":[{"role":"user","content":"hi"}]}`, true},
+		{OpenAI, `{"model":"m","prompt":"hi","stream":false}`, false},
+		{OpenAI, `{"model":"m","prompt":"hi","stream":null}`, false},
+		{OpenAI, `{"model":"m","prompt":"hi","stream":"true"}`, false},
+		{Messages, `{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, true},
+		{Messages, `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, false},
+		{Responses, `{"model":"m","input":"hi","stream":true}`, true},
+		{Responses, `{"model":"m","input":"hi","stream":false}`, false},
+	} {
+		var r Renderer
+		if err := r.ParseAPI([]byte(tc.body), tc.api); err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		p, err := r.RenderParsed(nil, ChatML)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		if p.Stream != tc.want {
+			t.Errorf("%s: Stream %v, want %v", tc.body, p.Stream, tc.want)
+		}
+	}
+}
+
 func TestCacheSalt(t *testing.T) {
 	for _, tc := range []struct{ fields, want string }{
 		{``, ""},

@@ -80,6 +80,7 @@ type request struct {
 	// max_tokens and max_completion_tokens, when positive integers
 	maxTokens, maxCompletion int
 	salt                     str // cache_salt, when a string
+	stream                   bool
 }
 
 // parse reads body into r's request, messages and parts in one pass.
@@ -156,6 +157,9 @@ func (r *Renderer) parse(body []byte) error {
 			r.req.maxTokens, r.err = s.count()
 		case s.equalStr(key, "max_completion_tokens"):
 			r.req.maxCompletion, r.err = s.count()
+		case s.equalStr(key, "stream"):
+			r.req.stream = s.ws() == 't'
+			return s.skip(1)
 		case s.equalStr(key, "cache_salt"):
 			if s.ws() != '"' {
 				r.req.salt = str{}
