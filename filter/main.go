@@ -150,10 +150,10 @@ type httpContext struct {
 	routedAt         time.Time
 	outcomePending   bool
 	// prefillDue is when a non-streamed request's prefill is predicted to
-	// end: its first response byte comes with its last token, so its
-	// prefill is given back then (pluginContext.prefilling), not there.
+	// end. Its first response byte comes with its last token, so the tick
+	// gives its prefill back at prefillDue instead (pluginContext.prefilling).
 	prefillDue time.Time
-	api              prompt.API
+	api        prompt.API
 	// learning: a Responses API answer is being read for its id, which
 	// head gathers, to pin to the endpoint that served it (served).
 	learning bool
