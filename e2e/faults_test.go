@@ -340,6 +340,71 @@ func TestFaultEngineRestarted(t *testing.T) {
 	}
 }
 
+// TestFaultSlowDecoder: an engine of a pool that mostly decodes slows down
+// eightfold. Its decoding intervals run eight times what its deployment's
+// fitted model predicts while its peers' run as predicted, so cachesync
+// scales its model (package pace) and says so; priced as slow as it runs,
+// it loses nearly all its share, and no request fails. Nothing else would
+// move its traffic soon: the shared fit learns from all three engines,
+// and no prefix holds the requests anywhere.
+func TestFaultSlowDecoder(t *testing.T) {
+	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 1})
+	cs := startCachesync(t, "127.0.0.1:0", es, true)
+	g := cachesyncGateway(t, es, cs.addr, nil)
+	slow := es[0]
+	type window struct{ sent, failed, toSlow int }
+	var mu sync.Mutex
+	var windows [3]window // before, while cachesync learns, after
+	phase := 0
+	stop := clients(t, 6, func(c, i int) {
+		r := streamChat(g.client, g.url, "Answer at length.", "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 48)
+		mu.Lock()
+		w := &windows[phase]
+		w.sent++
+		if !r.complete {
+			w.failed++
+		}
+		if r.chosen == slow.Addr() {
+			w.toSlow++
+		}
+		mu.Unlock()
+	})
+	// The deployment's ITL fit needs predict.MinSamples intervals.
+	time.Sleep(8 * time.Second)
+	mu.Lock()
+	phase = 1
+	mu.Unlock()
+	slow.SetSlowdown(8)
+	slowdown := func(e *vllmsim.Engine) float64 {
+		v, _ := sample(metrics(t, "http://"+cs.addr+"/metrics"), `kvroute_cachesync_engine_slowdown_ratio{engine="`+e.Addr()+`",latency="itl"}`)
+		return v
+	}
+	took := waitFor(t, 45*time.Second, "the slowed engine's model scaled", func() bool { return slowdown(slow) > 2 })
+	mu.Lock()
+	phase = 2
+	mu.Unlock()
+	time.Sleep(6 * time.Second)
+	stop()
+
+	share := func(w window) float64 { return float64(w.toSlow) / float64(max(w.sent, 1)) }
+	t.Logf("before: %d requests, %.0f%% to the engine; slowed 8x: scaled %.1fx after %v, then %d requests, %.0f%% to it",
+		windows[0].sent, 100*share(windows[0]), slowdown(slow), took.Round(100*time.Millisecond), windows[2].sent, 100*share(windows[2]))
+	if failed := windows[0].failed + windows[1].failed + windows[2].failed; failed > 0 {
+		t.Errorf("%d requests failed", failed)
+	}
+	for _, e := range es[1:] {
+		if s := slowdown(e); s != 1 {
+			t.Errorf("engine %s, not slowed, priced %.2fx slower", e.Addr(), s)
+		}
+	}
+	if share(windows[0]) < 0.2 {
+		t.Fatalf("the engine took %.0f%% of the requests before: the test proves nothing", 100*share(windows[0]))
+	}
+	if share(windows[2]) > share(windows[0])/3 {
+		t.Errorf("slowed and priced so, the engine still took %.0f%% of the requests (%.0f%% before)", 100*share(windows[2]), 100*share(windows[0]))
+	}
+}
+
 // TestFaultSlowEngine: an engine slows down eightfold under load (a
 // throttled GPU). Its requests stay in flight eight times as long, the
 // price of staying with the prefixes it holds outgrows going elsewhere,

@@ -153,7 +153,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		tokenPoll: tokenFilePoll,
 	}
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	d.models = newModels(d.reg)
+	d.models = newModels(d.reg, d.log)
 	d.demand = demand.New(demand.Config{})
 	d.planner = planner.New(planner.Config{Cooldown: cfg.MoveCooldown})
 	if cfg.Tokenizer != "" {

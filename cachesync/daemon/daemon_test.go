@@ -775,7 +775,7 @@ func TestGptOssOnVLLM(t *testing.T) {
 // of its deployment's engines (same model, same cache), not the default;
 // engines of another deployment, or not calibrated, lend it nothing.
 func TestPeerRate(t *testing.T) {
-	d := &Daemon{engines: map[string]*engine{}, models: newModels(prometheus.NewRegistry())}
+	d := &Daemon{engines: map[string]*engine{}, models: newModels(prometheus.NewRegistry(), slog.New(slog.DiscardHandler))}
 	add := func(addr, model string, kv int, rate float64, calibrated bool) *engine {
 		e := &engine{d: discovery.Engine{Addr: addr}, scraped: true,
 			last: scrape.State{Addr: addr, Models: []string{model}, KVCapacity: kv, Rate: calibrate.Rate{TokensPerSecond: rate, Calibrated: calibrated}}}

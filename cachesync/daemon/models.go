@@ -1,13 +1,16 @@
 package daemon
 
 import (
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/cachesync/internal/fit"
+	"github.com/kvroute/kvroute/cachesync/internal/pace"
 	"github.com/kvroute/kvroute/shared/predict"
 	"github.com/kvroute/kvroute/shared/report"
 )
@@ -32,8 +35,18 @@ type models struct {
 	// a difference the policy priced at 1.4 s over 200 output tokens and
 	// copied a prefix for.
 	published map[string]fit.Model
-	recent    []float64 // the last relative TTFT errors, for the median
-	next      int
+	// base is each engine's model as its row last carried it before its
+	// pace scaled it, resolved against its default: what its deployment
+	// predicts for it, which its observed latencies are paced against once
+	// it is fitted (a default is a guess, wrong for every engine alike,
+	// and with no peer's samples to cancel it would be blamed on one).
+	base  map[string]predict.Model
+	paces map[string]*pace.Engine
+	// slowed are the engines whose models are scaled, for the log.
+	slowed map[string]bool
+	log    *slog.Logger
+	recent []float64 // the last relative TTFT errors, for the median
+	next   int
 
 	errs  prometheus.Histogram
 	mdape prometheus.GaugeFunc
@@ -42,8 +55,9 @@ type models struct {
 // recentErrors is how many outcomes the median error covers.
 const recentErrors = 1024
 
-func newModels(reg prometheus.Registerer) *models {
-	m := &models{group: map[string]string{}, fits: map[string]*fit.Model{}, published: map[string]fit.Model{}}
+func newModels(reg prometheus.Registerer, log *slog.Logger) *models {
+	m := &models{group: map[string]string{}, fits: map[string]*fit.Model{}, published: map[string]fit.Model{},
+		base: map[string]predict.Model{}, paces: map[string]*pace.Engine{}, slowed: map[string]bool{}, log: log}
 	m.errs = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "kvroute_cachesync", Name: "ttft_prediction_error_ratio",
 		Help:    "|predicted - observed| / observed time to first token of routed requests, as the gateways report them.",
@@ -93,6 +107,9 @@ func (m *models) outcome(addr string, o report.Outcome) {
 		return // not an engine this cachesync follows, or not scraped yet
 	}
 	f.AddTTFT(o.Features, o.Observed)
+	if b, ok := m.base[addr]; ok && b.TTFTSamples >= predict.MinSamples {
+		m.paceOf(addr).AddTTFT(o.Observed/b.TTFT(o.Features), time.Now())
+	}
 	if o.Predicted > 0 {
 		e := abs(o.Predicted-o.Observed) / o.Observed
 		m.errs.Observe(e)
@@ -113,6 +130,44 @@ func (m *models) itl(addr string, running, seconds float64) {
 	if f := m.fitOf(addr); f != nil {
 		f.AddITL(running, seconds)
 	}
+	if b, ok := m.base[addr]; ok && b.ITLSamples >= predict.MinSamples {
+		m.paceOf(addr).AddITL(seconds/b.ITL(running), time.Now())
+	}
+}
+
+// paceOf returns addr's pace; m.mu is held.
+func (m *models) paceOf(addr string) *pace.Engine {
+	p := m.paces[addr]
+	if p == nil {
+		p = new(pace.Engine)
+		m.paces[addr] = p
+	}
+	return p
+}
+
+// slowdownLocked returns how much slower than its deployment's other engines
+// addr's time to first token and inter-token latency run (pace.Slowdown);
+// m.mu is held.
+func (m *models) slowdownLocked(addr string) (ttft, itl float64) {
+	own := m.paces[addr]
+	g := m.group[addr]
+	if own == nil || g == "" {
+		return 1, 1
+	}
+	var peers []*pace.Engine
+	for a, ag := range m.group {
+		if p := m.paces[a]; ag == g && a != addr && p != nil {
+			peers = append(peers, p)
+		}
+	}
+	return pace.Slowdown(own, peers, time.Now())
+}
+
+// slowdown is slowdownLocked for the metrics.
+func (m *models) slowdown(addr string) (ttft, itl float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.slowdownLocked(addr)
 }
 
 // add starts following an engine, whose deployment is known once it is
@@ -162,6 +217,9 @@ func (m *models) forget(addr string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.group, addr)
+	delete(m.base, addr)
+	delete(m.paces, addr)
+	delete(m.slowed, addr)
 	// A deployment's fit outlives its engines only while some engine
 	// still shares it.
 	live := make(map[string]bool, len(m.group))
@@ -186,16 +244,30 @@ func (m *models) freeze() {
 }
 
 // model returns the engine's published model, held near the default for
-// its prefill rate.
+// its prefill rate, and scaled by how much slower the engine runs than its
+// deployment's others (pace).
 func (m *models) model(addr string, rate float64) predict.Model {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	prior := predict.Default(rate)
-	f, ok := m.published[m.group[addr]]
-	if !ok {
-		return prior
+	mdl := prior
+	if f, ok := m.published[m.group[addr]]; ok {
+		mdl = f.Fit(prior)
 	}
-	return f.Fit(prior)
+	if _, ok := m.group[addr]; ok {
+		m.base[addr] = mdl.Resolve(&prior)
+	}
+	ttft, itl := m.slowdownLocked(addr)
+	if slowed := ttft > 1 || itl > 1; slowed != m.slowed[addr] {
+		m.slowed[addr] = slowed
+		if slowed {
+			m.log.Warn("engine slower than its deployment's others: its latency model is scaled", "engine", addr,
+				"ttft_factor", ttft, "itl_factor", itl)
+		} else {
+			m.log.Info("engine back to its deployment's pace", "engine", addr)
+		}
+	}
+	return pace.Scale(mdl, &prior, ttft, itl)
 }
 
 func (m *models) median() float64 {
