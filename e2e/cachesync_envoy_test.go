@@ -638,19 +638,28 @@ func TestStepClock(t *testing.T) {
 	t.Logf("%d distinct step waits, up to %d µs", len(waits), most)
 }
 
-// TestNonStreamedPrefillReleased: a non-streamed request's uncached prompt
-// counts as load on its endpoint until its prefill is predicted to end, not
-// until its answer ends. Its first response byte comes with its last token:
-// held until then, a long answer's prompt stood in every later decision's
-// backlog for the whole of its decoding.
-func TestNonStreamedPrefillReleased(t *testing.T) {
-	es := startEngines(t, 1, vllmsim.Config{NumGPUBlocks: 2048, TimeScale: 1})
+// oneEngineGateway runs one engine behind cachesync and the gateway, and
+// returns once the gateway routes by cachesync's snapshot, with the system
+// prompt its probes used.
+func oneEngineGateway(t *testing.T, cfg vllmsim.Config) (*runningDaemon, *gateway, string) {
+	t.Helper()
+	es := startEngines(t, 1, cfg)
 	cs := startCachesync(t, "127.0.0.1:0", es, true)
 	g := cachesyncGateway(t, es, cs.addr, nil)
 	system := strings.Repeat("Answer briefly and cite the policy section. ", 20)
 	waitFor(t, 10*time.Second, "a snapshot-driven decision", func() bool {
 		return !strings.Contains(probe(t, g, system, "warm"), "reason=rendezvous")
 	})
+	return cs, g, system
+}
+
+// TestNonStreamedPrefillReleased: a non-streamed request's uncached prompt
+// counts as load on its endpoint until its prefill is predicted to end, not
+// until its answer ends. Its first response byte comes with its last token:
+// held until then, a long answer's prompt stood in every later decision's
+// backlog for the whole of its decoding.
+func TestNonStreamedPrefillReleased(t *testing.T) {
+	_, g, system := oneEngineGateway(t, vllmsim.Config{NumGPUBlocks: 2048, TimeScale: 1})
 	backlog := func() int {
 		n, err := strconv.Atoi(field(probe(t, g, system, "backlog?"), "backlog_tokens"))
 		if err != nil {
@@ -704,13 +713,7 @@ func TestNonStreamedPrefillReleased(t *testing.T) {
 // token, a pool of non-streaming clients taught the fit their whole
 // latency, and every rejected request a first token within a millisecond.
 func TestOutcomesOnlyFromStreams(t *testing.T) {
-	es := startEngines(t, 1, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
-	cs := startCachesync(t, "127.0.0.1:0", es, true)
-	g := cachesyncGateway(t, es, cs.addr, nil)
-	system := strings.Repeat("Answer briefly and cite the policy section. ", 20)
-	waitFor(t, 10*time.Second, "a snapshot-driven decision", func() bool {
-		return !strings.Contains(probe(t, g, system, "warm"), "reason=rendezvous")
-	})
+	cs, g, system := oneEngineGateway(t, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.05})
 	const outcomes = "kvroute_cachesync_ttft_prediction_error_ratio"
 	counted := func() float64 {
 		n, _ := sample(metrics(t, "http://"+cs.addr+"/metrics"), outcomes)

@@ -340,6 +340,50 @@ func TestFaultEngineRestarted(t *testing.T) {
 	}
 }
 
+// engineShare counts a load's requests by phase: sent, failed, and sent to
+// one engine.
+type engineShare struct {
+	mu      sync.Mutex
+	addr    string
+	phase   int
+	windows [3]struct{ sent, failed, to int }
+}
+
+func (s *engineShare) record(chosen string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := &s.windows[s.phase]
+	w.sent++
+	if !ok {
+		w.failed++
+	}
+	if chosen == s.addr {
+		w.to++
+	}
+}
+
+// next starts the next phase.
+func (s *engineShare) next() {
+	s.mu.Lock()
+	s.phase++
+	s.mu.Unlock()
+}
+
+// share returns phase p's share of the requests that went to the engine,
+// and the requests sent.
+func (s *engineShare) share(p int) (float64, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.windows[p]
+	return float64(w.to) / float64(max(w.sent, 1)), w.sent
+}
+
+func (s *engineShare) failed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.windows[0].failed + s.windows[1].failed + s.windows[2].failed
+}
+
 // TestFaultSlowDecoder: an engine of a pool that mostly decodes slows down
 // eightfold. Its decoding intervals run eight times what its deployment's
 // fitted model predicts while its peers' run as predicted, so cachesync
@@ -352,56 +396,43 @@ func TestFaultSlowDecoder(t *testing.T) {
 	cs := startCachesync(t, "127.0.0.1:0", es, true)
 	g := cachesyncGateway(t, es, cs.addr, nil)
 	slow := es[0]
-	type window struct{ sent, failed, toSlow int }
-	var mu sync.Mutex
-	var windows [3]window // before, while cachesync learns, after
-	phase := 0
+	load := &engineShare{addr: slow.Addr()} // phases: before, while cachesync learns, after
 	stop := clients(t, 6, func(c, i int) {
 		r := streamChat(g.client, g.url, "Answer at length.", "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 48)
-		mu.Lock()
-		w := &windows[phase]
-		w.sent++
-		if !r.complete {
-			w.failed++
-		}
-		if r.chosen == slow.Addr() {
-			w.toSlow++
-		}
-		mu.Unlock()
+		load.record(r.chosen, r.complete)
 	})
 	// The deployment's ITL fit needs predict.MinSamples intervals.
 	time.Sleep(8 * time.Second)
-	mu.Lock()
-	phase = 1
-	mu.Unlock()
+	load.next()
 	slow.SetSlowdown(8)
 	slowdown := func(e *vllmsim.Engine) float64 {
-		v, _ := sample(metrics(t, "http://"+cs.addr+"/metrics"), `kvroute_cachesync_engine_slowdown_ratio{engine="`+e.Addr()+`",latency="itl"}`)
+		v, _ := sample(metrics(t, "http://"+cs.addr+"/metrics"), `kvroute_cachesync_engine_slowdown_ratio{engine="`+e.Addr()+`"}`)
 		return v
 	}
 	took := waitFor(t, 45*time.Second, "the slowed engine's model scaled", func() bool { return slowdown(slow) > 2 })
-	mu.Lock()
-	phase = 2
-	mu.Unlock()
+	load.next()
 	time.Sleep(6 * time.Second)
 	stop()
 
-	share := func(w window) float64 { return float64(w.toSlow) / float64(max(w.sent, 1)) }
+	before, sentBefore := load.share(0)
+	after, sentAfter := load.share(2)
 	t.Logf("before: %d requests, %.0f%% to the engine; slowed 8x: scaled %.1fx after %v, then %d requests, %.0f%% to it",
-		windows[0].sent, 100*share(windows[0]), slowdown(slow), took.Round(100*time.Millisecond), windows[2].sent, 100*share(windows[2]))
-	if failed := windows[0].failed + windows[1].failed + windows[2].failed; failed > 0 {
-		t.Errorf("%d requests failed", failed)
+		sentBefore, 100*before, slowdown(slow), took.Round(100*time.Millisecond), sentAfter, 100*after)
+	if n := load.failed(); n > 0 {
+		t.Errorf("%d requests failed", n)
 	}
 	for _, e := range es[1:] {
 		if s := slowdown(e); s != 1 {
 			t.Errorf("engine %s, not slowed, priced %.2fx slower", e.Addr(), s)
 		}
 	}
-	if share(windows[0]) < 0.2 {
-		t.Fatalf("the engine took %.0f%% of the requests before: the test proves nothing", 100*share(windows[0]))
+	if before < 0.2 {
+		t.Fatalf("the engine took %.0f%% of the requests before: the test proves nothing", 100*before)
 	}
-	if share(windows[2]) > share(windows[0])/3 {
-		t.Errorf("slowed and priced so, the engine still took %.0f%% of the requests (%.0f%% before)", 100*share(windows[2]), 100*share(windows[0]))
+	// Unpriced (pace.Band set out of reach), it kept 10% from 33-34% in two
+	// runs; priced, 1-5% from 33-49% in five.
+	if after > before/4 {
+		t.Errorf("slowed and priced so, the engine still took %.0f%% of the requests (%.0f%% before)", 100*after, 100*before)
 	}
 }
 
@@ -424,47 +455,29 @@ func TestFaultSlowEngine(t *testing.T) {
 		post(t, g.client, g.url, simChat(faultTenant(i), "warm", 1))
 	}
 	slow := es[0]
-	type window struct{ sent, failed, toSlow, released int }
-	var mu sync.Mutex
-	var windows [2]window
-	phase := 0
+	load := &engineShare{addr: slow.Addr()} // phases: before, while the queue builds, after
 	stop := clients(t, 6, func(c, i int) {
 		code, d, err := tryPost(g.client, g.url, simChat(faultTenant(c+i), "client "+strconv.Itoa(c)+" question "+strconv.Itoa(i), 32))
-		mu.Lock()
-		w := &windows[phase]
-		w.sent++
-		if err != nil || code != http.StatusOK {
-			w.failed++
-		}
-		if field(d, "endpoint") == slow.Addr() {
-			w.toSlow++
-		}
-		if field(d, "reason") == "saturated-release" {
-			w.released++
-		}
-		mu.Unlock()
+		load.record(field(d, "endpoint"), err == nil && code == http.StatusOK)
 	})
 	time.Sleep(4 * time.Second)
+	load.next()
 	slow.SetSlowdown(8)
 	time.Sleep(2 * time.Second) // the engine's queue builds, its scrapes say so
-	mu.Lock()
-	phase = 1
-	mu.Unlock()
+	load.next()
 	time.Sleep(5 * time.Second)
 	stop()
 
-	share := func(w window) float64 { return float64(w.toSlow) / float64(max(w.sent, 1)) }
-	t.Logf("before: %d requests, %.0f%% to the engine, %d failed; slowed 8x: %d requests, %.0f%% to it, %d released from it, %d failed",
-		windows[0].sent, 100*share(windows[0]), windows[0].failed, windows[1].sent, 100*share(windows[1]), windows[1].released, windows[1].failed)
-	if windows[0].failed+windows[1].failed > 0 {
-		t.Errorf("%d requests failed", windows[0].failed+windows[1].failed)
+	before, sentBefore := load.share(0)
+	after, sentAfter := load.share(2)
+	t.Logf("before: %d requests, %.0f%% to the engine; slowed 8x: %d requests, %.0f%% to it", sentBefore, 100*before, sentAfter, 100*after)
+	if n := load.failed(); n > 0 {
+		t.Errorf("%d requests failed", n)
 	}
-	if share(windows[0]) < 0.15 {
-		t.Fatalf("the engine took %.0f%% of the requests before: the test proves nothing", 100*share(windows[0]))
+	if before < 0.15 {
+		t.Fatalf("the engine took %.0f%% of the requests before: the test proves nothing", 100*before)
 	}
-	// (Released requests may show as affinity: a tenant held by two
-	// engines goes to the other holder.)
-	if share(windows[1]) > 1.0/6 || share(windows[1]) > share(windows[0])*2/3 {
-		t.Errorf("slowed, the engine still took %.0f%% of the requests (%.0f%% before)", 100*share(windows[1]), 100*share(windows[0]))
+	if after > 1.0/6 || after > before*2/3 {
+		t.Errorf("slowed, the engine still took %.0f%% of the requests (%.0f%% before)", 100*after, 100*before)
 	}
 }

@@ -86,7 +86,7 @@ var (
 	descCommonPrefix   = prometheus.NewDesc(ns+"template_common_prefix_bytes", "Bytes an engine's render of its first differing probe shares with the gateways' template's; absent when they agree.", []string{"engine", "template"}, nil)
 	descTemplates      = prometheus.NewDesc(ns+"engines_by_template", "Engines whose chat template is checked (those with KV events, and llama.cpp) by the check: agrees, disagrees (an engine with KV events is then indexed approximately), unchecked.", []string{"state"}, nil)
 	descPrefillRate    = prometheus.NewDesc(ns+"engine_prefill_rate_tokens_per_second", "Prefill rate published for each engine: calibrated from its metrics; until then its deployment's calibrated engines' median, else the configured default.", []string{"engine", "kind"}, nil)
-	descSlowdown       = prometheus.NewDesc(ns+"engine_slowdown_ratio", "How much slower than the other engines of its deployment an engine's time to first token or inter-token latency runs, beyond the noise (pace.Band); 1 when not slower. The engine's latency model is scaled by it.", []string{"engine", "latency"}, nil)
+	descSlowdown       = prometheus.NewDesc(ns+"engine_slowdown_ratio", "How much slower than the other engines of its deployment an engine decodes, beyond the noise (pace.Band); 1 when not slower. The engine's ITL model is scaled by it.", []string{"engine"}, nil)
 	descCalibrated     = prometheus.NewDesc(ns+"engine_prefill_rate_calibrated", "1 once an engine's prefill rate is calibrated from its own metrics, 0 while the default stands.", []string{"engine"}, nil)
 	descDiscovery      = prometheus.NewDesc(ns+"discovery_updates_total", "Engine sets discovery sent.", nil, nil)
 	descDiscoveryErrs  = prometheus.NewDesc(ns+"discovery_errors_total", "Discovery lookups that failed (the last set stands).", nil, nil)
@@ -206,9 +206,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			calibrated = 1
 		}
 		gauge(descCalibrated, calibrated, st.Addr)
-		ttft, itl := d.models.slowdown(st.Addr)
-		ch <- prometheus.MustNewConstMetric(descSlowdown, prometheus.GaugeValue, ttft, st.Addr, "ttft")
-		ch <- prometheus.MustNewConstMetric(descSlowdown, prometheus.GaugeValue, itl, st.Addr, "itl")
+		ch <- prometheus.MustNewConstMetric(descSlowdown, prometheus.GaugeValue, d.models.slowdown(st.Addr), st.Addr)
 	}
 	if scraper != nil {
 		st := scraper.Stats()

@@ -107,9 +107,6 @@ func (m *models) outcome(addr string, o report.Outcome) {
 		return // not an engine this cachesync follows, or not scraped yet
 	}
 	f.AddTTFT(o.Features, o.Observed)
-	if b, ok := m.base[addr]; ok && b.TTFTSamples >= predict.MinSamples {
-		m.paceOf(addr).AddTTFT(o.Observed/b.TTFT(o.Features), time.Now())
-	}
 	if o.Predicted > 0 {
 		e := abs(o.Predicted-o.Observed) / o.Observed
 		m.errs.Observe(e)
@@ -131,7 +128,7 @@ func (m *models) itl(addr string, running, seconds float64) {
 		f.AddITL(running, seconds)
 	}
 	if b, ok := m.base[addr]; ok && b.ITLSamples >= predict.MinSamples {
-		m.paceOf(addr).AddITL(seconds/b.ITL(running), time.Now())
+		m.paceOf(addr).Add(seconds/b.ITL(running), time.Now())
 	}
 }
 
@@ -145,14 +142,13 @@ func (m *models) paceOf(addr string) *pace.Engine {
 	return p
 }
 
-// slowdownLocked returns how much slower than its deployment's other engines
-// addr's time to first token and inter-token latency run (pace.Slowdown);
-// m.mu is held.
-func (m *models) slowdownLocked(addr string) (ttft, itl float64) {
+// slowdownLocked returns how much slower than its deployment's other
+// engines addr decodes (pace.Slowdown); m.mu is held.
+func (m *models) slowdownLocked(addr string) float64 {
 	own := m.paces[addr]
 	g := m.group[addr]
 	if own == nil || g == "" {
-		return 1, 1
+		return 1
 	}
 	var peers []*pace.Engine
 	for a, ag := range m.group {
@@ -164,7 +160,7 @@ func (m *models) slowdownLocked(addr string) (ttft, itl float64) {
 }
 
 // slowdown is slowdownLocked for the metrics.
-func (m *models) slowdown(addr string) (ttft, itl float64) {
+func (m *models) slowdown(addr string) float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.slowdownLocked(addr)
@@ -244,8 +240,8 @@ func (m *models) freeze() {
 }
 
 // model returns the engine's published model, held near the default for
-// its prefill rate, and scaled by how much slower the engine runs than its
-// deployment's others (pace).
+// its prefill rate, its ITL scaled by how much slower the engine decodes
+// than its deployment's others (pace).
 func (m *models) model(addr string, rate float64) predict.Model {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -257,17 +253,17 @@ func (m *models) model(addr string, rate float64) predict.Model {
 	if _, ok := m.group[addr]; ok {
 		m.base[addr] = mdl.Resolve(&prior)
 	}
-	ttft, itl := m.slowdownLocked(addr)
-	if slowed := ttft > 1 || itl > 1; slowed != m.slowed[addr] {
+	factor := m.slowdownLocked(addr)
+	if slowed := factor > 1; slowed != m.slowed[addr] {
 		m.slowed[addr] = slowed
 		if slowed {
-			m.log.Warn("engine slower than its deployment's others: its latency model is scaled", "engine", addr,
-				"ttft_factor", ttft, "itl_factor", itl)
+			m.log.Warn("engine decodes slower than its deployment's others: its ITL model is scaled", "engine", addr,
+				"factor", factor)
 		} else {
 			m.log.Info("engine back to its deployment's pace", "engine", addr)
 		}
 	}
-	return pace.Scale(mdl, &prior, ttft, itl)
+	return pace.Scale(mdl, &prior, factor)
 }
 
 func (m *models) median() float64 {

@@ -6,15 +6,23 @@
 // their load and not by the noise of separate fits; an engine that slows
 // down alone moves its deployment's fit by its share of the samples, late,
 // and looks to the policy just as fast as its peers. Its pace is the
-// median ratio of what its last Samples requests took to what the
-// deployment's model predicted for them, over the same median of its
-// peers: the model's own error, which all share, cancels. A pace within
+// median ratio of its inter-token latency over its last Samples
+// decode-only scrape intervals to what the deployment's model predicted
+// for them, over the same median of its peers: the model's own error,
+// which all share, cancels. A pace within
 // Band of 1 is noise and scales nothing; past it, the engine's model is
 // scaled by how far past (Slowdown), so a slowed engine is priced as slow
 // as it runs, with no step at the band's edge. Only slowdowns are priced:
 // an engine faster than its peers is one the shared fit already favours
 // by its lighter load, and a median of a few samples is no reason to
 // prefer it further.
+//
+// Inter-token latency only, not time to first token. A decoding step's
+// length is the engine's speed; a request's time to first token is also
+// where it fell in a burst, and the gateway's step clock already sees a
+// slowed engine's longer steps in its wait. Paced on time to first token
+// too, on the mixed workload's bursts three of four healthy engines were
+// priced 1.4-2.1x slower in turn.
 package pace
 
 import (
@@ -24,10 +32,10 @@ import (
 	"github.com/kvroute/kvroute/shared/predict"
 )
 
-// Samples is how many ratios of each kind an engine's pace is the median
+// Samples is how many ratios an engine's pace is the median
 // of: a slowdown shows once it is in half of them (a slowed engine's
 // decoding intervals come at the scrape interval, and fewer as its traffic
-// leaves), and one queued request or one odd interval moves nothing.
+// leaves), and one odd interval moves nothing.
 const Samples = 16
 
 // MinSamples is the fewest ratios a median is read from.
@@ -42,42 +50,32 @@ const MaxAge = time.Minute
 
 // Band is how far from its peers' an engine's pace may be before it is
 // priced: the latency model misses by a median of 6-9% at steady load
-// (README), so a median of 32 ratios strays by a few percent, and an
+// (README), so a median of 16 ratios strays by a few percent, and an
 // engine's place in the routing (which groups it serves) by more.
 const Band = 0.25
 
-// Engine is one engine's recent ratios of observed to predicted latency.
-// It is not safe for concurrent use.
+// Engine is one engine's recent ratios of observed to predicted
+// inter-token latency. It is not safe for concurrent use.
 type Engine struct {
-	ttft, itl ring
+	r ring
 }
 
-// AddTTFT records a request's observed over predicted time to first token,
+// Add records an interval's observed over predicted inter-token latency,
 // at now.
-func (e *Engine) AddTTFT(ratio float64, now time.Time) { e.ttft.add(ratio, now) }
+func (e *Engine) Add(ratio float64, now time.Time) { e.r.add(ratio, now) }
 
-// AddITL records an interval's observed over predicted inter-token
-// latency, at now.
-func (e *Engine) AddITL(ratio float64, now time.Time) { e.itl.add(ratio, now) }
-
-// Slowdown returns the factors by which e's time to first token and
-// inter-token latency run slower than its peers' at now, past Band: 1
-// when they do not, or when e has too few recent samples to tell. Peers
-// with too few are left out; with none left, the deployment's model is
-// the reference.
-func Slowdown(e *Engine, peers []*Engine, now time.Time) (ttft, itl float64) {
-	return slowdown(&e.ttft, peers, now, func(p *Engine) *ring { return &p.ttft }),
-		slowdown(&e.itl, peers, now, func(p *Engine) *ring { return &p.itl })
-}
-
-func slowdown(own *ring, peers []*Engine, now time.Time, of func(*Engine) *ring) float64 {
-	mine, ok := own.median(now)
+// Slowdown returns the factor by which e's inter-token latency runs slower
+// than its peers' at now, past Band: 1 when it does not, or when e has too
+// few recent samples to tell. Peers with too few are left out; with none
+// left, the deployment's model is the reference.
+func Slowdown(e *Engine, peers []*Engine, now time.Time) float64 {
+	mine, ok := e.r.median(now)
 	if !ok {
 		return 1
 	}
 	var theirs []float64
 	for _, p := range peers {
-		if m, ok := of(p).median(now); ok {
+		if m, ok := p.r.median(now); ok {
 			theirs = append(theirs, m)
 		}
 	}
@@ -91,26 +89,20 @@ func slowdown(own *ring, peers []*Engine, now time.Time, of func(*Engine) *ring)
 	return max(1, mine/ref/(1+Band))
 }
 
-// Scale returns m, resolved against fallback (predict.Model.Resolve),
-// with its time to first token scaled by ttft and its inter-token latency
-// by itl. A scaled part counts as fitted: it is no longer the fallback's.
-func Scale(m predict.Model, fallback *predict.Model, ttft, itl float64) predict.Model {
-	if ttft == 1 && itl == 1 {
+// Scale returns m with its inter-token latency scaled by factor: the fit's,
+// or fallback's while the fit has too few samples (predict.Model.Resolve).
+// The scaled part counts as fitted: it is no longer the fallback's.
+func Scale(m predict.Model, fallback *predict.Model, factor float64) predict.Model {
+	if factor == 1 {
 		return m
 	}
-	m = m.Resolve(fallback)
-	if ttft != 1 {
-		for i := range m.TTFTCoef {
-			m.TTFTCoef[i] *= float32(ttft)
-		}
-		m.TTFTSamples = max(m.TTFTSamples, predict.MinSamples)
+	if m.ITLSamples < predict.MinSamples {
+		m.ITLCoef = fallback.ITLCoef
 	}
-	if itl != 1 {
-		for i := range m.ITLCoef {
-			m.ITLCoef[i] *= float32(itl)
-		}
-		m.ITLSamples = max(m.ITLSamples, predict.MinSamples)
+	for i := range m.ITLCoef {
+		m.ITLCoef[i] *= float32(factor)
 	}
+	m.ITLSamples = max(m.ITLSamples, predict.MinSamples)
 	return m
 }
 

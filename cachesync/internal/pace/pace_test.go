@@ -17,8 +17,7 @@ func engine(ratio, jitter float64, n int) *Engine {
 	for i := range n {
 		r := ratio * (1 + jitter*float64(i%3-1))
 		at := t0.Add(time.Duration(i-n+1) * time.Second)
-		e.AddTTFT(r, at)
-		e.AddITL(r, at)
+		e.Add(r, at)
 	}
 	return e
 }
@@ -43,9 +42,8 @@ func TestSlowdown(t *testing.T) {
 		{"no peers", engine(8, 0, Samples), nil, 8 / (1 + Band)},
 		{"no peers, within the band of the model", engine(1.2, 0, Samples), nil, 1},
 	} {
-		ttft, itl := Slowdown(tc.self, tc.peers, t0)
-		if math.Abs(ttft-tc.want) > 1e-9 || math.Abs(itl-tc.want) > 1e-9 {
-			t.Errorf("%s: slowdown %.3f / %.3f, want %.3f", tc.name, ttft, itl, tc.want)
+		if got := Slowdown(tc.self, tc.peers, t0); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: slowdown %.3f, want %.3f", tc.name, got, tc.want)
 		}
 	}
 }
@@ -56,28 +54,28 @@ func TestSlowdown(t *testing.T) {
 func TestRecentSamples(t *testing.T) {
 	peers := []*Engine{engine(1, 0, Samples)}
 	e := engine(8, 0, Samples)
-	if ttft, _ := Slowdown(e, peers, t0); ttft == 1 {
+	if Slowdown(e, peers, t0) == 1 {
 		t.Fatal("a slowed engine not priced slower")
 	}
 	for range Samples/2 + 1 {
-		e.AddTTFT(1, t0)
+		e.Add(1, t0)
 	}
-	if ttft, _ := Slowdown(e, peers, t0); ttft != 1 {
-		t.Errorf("recovered for most of its last %d requests, still priced %.2fx", Samples, ttft)
+	if got := Slowdown(e, peers, t0); got != 1 {
+		t.Errorf("recovered for most of its last %d intervals, still priced %.2fx", Samples, got)
 	}
-	e.AddTTFT(math.NaN(), t0)
-	e.AddTTFT(-1, t0)
-	e.AddTTFT(math.Inf(1), t0)
-	if ttft, _ := Slowdown(e, peers, t0); ttft != 1 {
-		t.Errorf("nonsense ratios moved the pace: %.2fx", ttft)
+	e.Add(math.NaN(), t0)
+	e.Add(-1, t0)
+	e.Add(math.Inf(1), t0)
+	if got := Slowdown(e, peers, t0); got != 1 {
+		t.Errorf("nonsense ratios moved the pace: %.2fx", got)
 	}
 
 	idle := engine(8, 0, Samples)
-	if _, itl := Slowdown(idle, peers, t0.Add(MaxAge-time.Duration(Samples-MinSamples)*time.Second)); itl == 1 {
+	if Slowdown(idle, peers, t0.Add(MaxAge-time.Duration(Samples-MinSamples)*time.Second)) == 1 {
 		t.Error("priced as its peers while it still has MinSamples recent samples")
 	}
-	if _, itl := Slowdown(idle, peers, t0.Add(MaxAge+time.Second)); itl != 1 {
-		t.Errorf("no sample for a minute, still priced %.2fx", itl)
+	if got := Slowdown(idle, peers, t0.Add(MaxAge+time.Second)); got != 1 {
+		t.Errorf("no sample for a minute, still priced %.2fx", got)
 	}
 }
 
@@ -86,18 +84,18 @@ func TestScale(t *testing.T) {
 	fitted := fallback
 	fitted.TTFTCoef[1] *= 2
 	fitted.TTFTSamples = predict.MinSamples
-	if got := Scale(fitted, &fallback, 1, 1); got != fitted {
+	if got := Scale(fitted, &fallback, 1); got != fitted {
 		t.Errorf("scaled by 1: %+v, want the model unchanged", got)
 	}
-	got := Scale(fitted, &fallback, 3, 2)
+	got := Scale(fitted, &fallback, 3)
 	f := predict.Features{Uncached: 1000, Backlog: 500, Running: 4, Waiting: 1, Wait: 0.005}
-	if want := 3 * fitted.TTFT(f); math.Abs(got.TTFT(f)-want) > 1e-6*want {
-		t.Errorf("TTFT %.6f, want %.6f", got.TTFT(f), want)
+	if got.TTFT(f) != fitted.TTFT(f) {
+		t.Errorf("TTFT %.6f, want it unscaled: %.6f", got.TTFT(f), fitted.TTFT(f))
 	}
 	// The ITL fit had too few samples: the fallback's is what is scaled,
 	// and the scaled one stands (the filter would otherwise resolve it
 	// back to the unscaled fallback).
-	if want := 2 * fallback.ITL(4); math.Abs(got.ITL(4)-want) > 1e-9 {
+	if want := 3 * fallback.ITL(4); math.Abs(got.ITL(4)-want) > 1e-9 {
 		t.Errorf("ITL %.6f, want %.6f", got.ITL(4), want)
 	}
 	if r := got.Resolve(&fallback); r != got {
