@@ -37,12 +37,14 @@ type models struct {
 	published map[string]fit.Model
 	// base is each engine's model as its row last carried it before its
 	// pace scaled it, resolved against its default: what its deployment
-	// predicts for it, which its observed latencies are paced against once
-	// it is fitted (a default is a guess, wrong for every engine alike,
+	// predicts for it, which its observed ITL is paced against once the
+	// ITL fit is used (a default is a guess, wrong for every engine alike,
 	// and with no peer's samples to cancel it would be blamed on one).
 	base  map[string]predict.Model
 	paces map[string]*pace.Engine
-	// slowed are the engines whose models are scaled, for the log.
+	// slowed are the engines logged as slowed: from a factor of
+	// logSlowed until it is back to 1, so that a pace at the band's edge
+	// does not log at every scrape.
 	slowed map[string]bool
 	log    *slog.Logger
 	recent []float64 // the last relative TTFT errors, for the median
@@ -51,6 +53,9 @@ type models struct {
 	errs  prometheus.Histogram
 	mdape prometheus.GaugeFunc
 }
+
+// logSlowed is the slowdown factor from which an engine is logged as slow.
+const logSlowed = 1.1
 
 // recentErrors is how many outcomes the median error covers.
 const recentErrors = 1024
@@ -254,9 +259,9 @@ func (m *models) model(addr string, rate float64) predict.Model {
 		m.base[addr] = mdl.Resolve(&prior)
 	}
 	factor := m.slowdownLocked(addr)
-	if slowed := factor > 1; slowed != m.slowed[addr] {
-		m.slowed[addr] = slowed
-		if slowed {
+	if slowed := m.slowed[addr]; !slowed && factor >= logSlowed || slowed && factor == 1 {
+		m.slowed[addr] = !slowed
+		if !slowed {
 			m.log.Warn("engine decodes slower than its deployment's others: its ITL model is scaled", "engine", addr,
 				"factor", factor)
 		} else {
