@@ -9,10 +9,10 @@
 // median ratio of its inter-token latency over its last Samples
 // decode-only scrape intervals to what the deployment's model predicted
 // for them, over the same median of its peers: the model's own error,
-// which all share, cancels. A pace within
-// Band of 1 is noise and scales nothing; past it, the engine's model is
-// scaled by how far past (Slowdown), so a slowed engine is priced as slow
-// as it runs, with no step at the band's edge. Only slowdowns are priced:
+// which all share, cancels. A pace within Band of 1 is noise and scales
+// nothing; past it, the engine's ITL model is scaled by how far past
+// (Slowdown), so a slowed engine is priced as slow as it runs, with no
+// step at the band's edge. Only slowdowns are priced:
 // an engine faster than its peers is one the shared fit already favours
 // by its lighter load, and a median of a few samples is no reason to
 // prefer it further.
@@ -32,8 +32,8 @@ import (
 	"github.com/kvroute/kvroute/shared/predict"
 )
 
-// Samples is how many ratios an engine's pace is the median
-// of: a slowdown shows once it is in half of them (a slowed engine's
+// Samples is how many ratios an engine's pace is the median of: a
+// slowdown shows once it is in half of them (a slowed engine's
 // decoding intervals come at the scrape interval, and fewer as its traffic
 // leaves), and one odd interval moves nothing.
 const Samples = 16
@@ -49,9 +49,11 @@ const MinSamples = 8
 const MaxAge = time.Minute
 
 // Band is how far from its peers' an engine's pace may be before it is
-// priced: the latency model misses by a median of 6-9% at steady load
-// (README), so a median of 16 ratios strays by a few percent, and an
-// engine's place in the routing (which groups it serves) by more.
+// priced: a median of 16 intervals strays by a few percent, and an
+// engine's place in the routing (which groups it serves, how much it
+// prefills between its decode-only intervals) moves it by more. No
+// healthy engine's pace left the band in the b2b-saas, mixed and
+// decode-heavy bench runs of 2026-12-05.
 const Band = 0.25
 
 // Engine is one engine's recent ratios of observed to predicted
