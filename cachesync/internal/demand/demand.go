@@ -18,11 +18,15 @@
 // time constant, its arrival rate and the mean and variance of the answers
 // its requests ask for, apart, with the variance of each estimate: what the
 // planner needs to tell a long-answering group from a lucky run of
-// arrivals.
+// arrivals. It keeps them twice more, each over a random half of the
+// group's requests: the planner picks the best of many moves, so the one
+// it picks is the one whose figures read highest by chance, and a move is
+// checked on the half it was not chosen on.
 package demand
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -69,6 +73,9 @@ type Tracker struct {
 	groups   map[uint64]*group
 	eps      map[string]*level // per endpoint, over all its groups
 	lastTrim int64
+	// split draws the half a request counts in; a fixed seed, since it
+	// need only be blind to the request.
+	split *rand.Rand
 }
 
 // level is an exponentially decayed sum: value as of at (Unix ns).
@@ -97,18 +104,29 @@ func (l *level) valueAt(now int64, tau float64) float64 {
 }
 
 type group struct {
-	eps map[string]*level
-	// Over the long time constant: requests, their output tokens and its
-	// square, and the squared weights (decayed twice as fast), which give
-	// the sample's effective size. first is when the group was first seen.
-	ln, lx, lq, lw2 level
-	first           int64
+	eps    map[string]*level
+	whole  sums
+	halves [2]sums
+	first  int64 // when the group was first seen
+}
+
+// sums are the long-run sums of a group's requests, or of a half of them:
+// requests, their output tokens and its square, and the squared weights
+// (decayed twice as fast), which give the sample's effective size.
+type sums struct{ n, x, q, w2 level }
+
+func (s *sums) add(ns int64, long, x float64) {
+	s.n.add(ns, long, 1)
+	s.x.add(ns, long, x)
+	s.q.add(ns, long, x*x)
+	s.w2.add(ns, long/2, 1)
 }
 
 // New returns a Tracker.
 func New(cfg Config) *Tracker {
 	t := &Tracker{tau: cfg.TimeConstant.Seconds(), long: cfg.LongTimeConstant.Seconds(), maxG: cfg.MaxGroups,
-		defOut: float64(cfg.DefaultOutputTokens), groups: map[uint64]*group{}, eps: map[string]*level{}}
+		defOut: float64(cfg.DefaultOutputTokens), groups: map[uint64]*group{}, eps: map[string]*level{},
+		split: rand.New(rand.NewPCG(1, 2))}
 	if t.tau <= 0 {
 		t.tau = DefaultTimeConstant.Seconds()
 	}
@@ -148,14 +166,11 @@ func (t *Tracker) Add(endpoint string, key uint64, output int, now time.Time) {
 		if len(t.groups) >= t.maxG {
 			t.trim(ns)
 		}
-		g = &group{eps: map[string]*level{}, ln: level{at: ns}, lx: level{at: ns}, lq: level{at: ns},
-			lw2: level{at: ns}, first: ns}
+		g = &group{eps: map[string]*level{}, first: ns}
 		t.groups[key] = g
 	}
-	g.ln.add(ns, t.long, 1)
-	g.lx.add(ns, t.long, x)
-	g.lq.add(ns, t.long, x*x)
-	g.lw2.add(ns, t.long/2, 1)
+	g.whole.add(ns, t.long, x)
+	g.halves[t.split.IntN(2)].add(ns, t.long, x)
 	l := g.eps[endpoint]
 	if l == nil {
 		l = &level{at: ns}
@@ -247,53 +262,65 @@ type Group struct {
 	Key    uint64
 	Rate   float64 // output tokens per second over every endpoint
 	Shares []Share // by endpoint address
-	// Requests is how many of its requests were seen within about the
-	// long time constant (decayed like the long-run estimates): a group
-	// of one request is a prompt that may never come back, and a lull of
-	// a few seconds does not make a recurring group a new one.
-	Requests float64
+	// Sample is the long-run estimates from all its requests.
+	Sample
+	// Halves are the same from two random halves of its requests: two
+	// independent estimates, each of half the group's arrivals.
+	Halves [2]Sample
+}
 
-	// Over the long time constant, each with the variance of its estimate:
-	// requests per second (the variance a Poisson stream of that rate
-	// leaves in the estimate), and the output tokens a request asks for on
-	// average (the variance of that mean: the answers' own spread over
-	// the sample's effective size).
+// Sample is a group's long-run estimates over the long time constant, from
+// its requests or a random part of them.
+type Sample struct {
+	// Requests is how many requests were seen within about the long time
+	// constant (decayed like the estimates): a group of one request is a
+	// prompt that may never come back, and a lull of a few seconds does
+	// not make a recurring group a new one.
+	Requests float64
+	// Each with the variance of its estimate: requests per second (the
+	// variance a Poisson stream of that rate leaves in the estimate), and
+	// the output tokens a request asks for on average (the variance of
+	// that mean: the answers' own spread over the sample's effective
+	// size).
 	Arrivals, ArrivalsVar float64
 	Answer, AnswerVar     float64
 }
 
-// Demand is the group's long-run output tokens per second (Arrivals times
+// Demand is the sample's long-run output tokens per second (Arrivals times
 // Answer), with its variance.
-func (g *Group) Demand() (rate, variance float64) {
-	return g.Arrivals * g.Answer, g.Answer*g.Answer*g.ArrivalsVar + g.Arrivals*g.Arrivals*g.AnswerVar
+func (s *Sample) Demand() (rate, variance float64) {
+	return s.Arrivals * s.Answer, s.Answer*s.Answer*s.ArrivalsVar + s.Arrivals*s.Arrivals*s.AnswerVar
 }
 
-// longRun fills x's long-run estimates from g as of now.
-func (g *group) longRun(x *Group, now int64, long float64) {
-	n := g.ln.valueAt(now, long)
+// sample returns the long-run estimates of s, a group first seen at first,
+// as of now.
+func (s *sums) sample(first, now int64, long float64) Sample {
+	n := s.n.valueAt(now, long)
+	x := Sample{Requests: n}
 	if n <= 0 {
-		return
+		return x
 	}
 	// The window a decayed count covers so far: a group first seen a
 	// moment ago has not had the whole time constant to gather requests.
 	// For Poisson arrivals of rate r the count's mean is r·w1 and its
 	// variance r·w2.
-	age := max(float64(now-g.first)/1e9, 1)
+	age := max(float64(now-first)/1e9, 1)
 	w1 := long * -math.Expm1(-age/long)
 	w2 := long / 2 * -math.Expm1(-2*age/long)
 	x.Arrivals = n / w1
 	x.ArrivalsVar = x.Arrivals * w2 / (w1 * w1)
-	x.Answer = g.lx.valueAt(now, long) / n
+	x.Answer = s.x.valueAt(now, long) / n
 	// The effective size of an exponentially weighted sample; the spread
 	// of one answer about the mean, with Bessel's correction for it.
-	size := n * n / max(g.lw2.valueAt(now, long/2), 1e-12)
-	spread := max(g.lq.valueAt(now, long)/n-x.Answer*x.Answer, 0)
+	size := n * n / max(s.w2.valueAt(now, long/2), 1e-12)
+	spread := max(s.q.valueAt(now, long)/n-x.Answer*x.Answer, 0)
 	if size > 1 {
 		spread *= size / (size - 1)
 	} else {
 		spread = x.Answer * x.Answer // one answer says nothing of the spread
 	}
 	x.AnswerVar = spread / max(size, 1)
+	return x
 }
 
 // Groups returns every group's demand as of now, the most demanding first.
@@ -303,8 +330,10 @@ func (t *Tracker) Groups(now time.Time) []Group {
 	defer t.mu.Unlock()
 	out := make([]Group, 0, len(t.groups))
 	for k, g := range t.groups {
-		x := Group{Key: k, Requests: g.ln.valueAt(ns, t.long)}
-		g.longRun(&x, ns, t.long)
+		x := Group{Key: k, Sample: g.whole.sample(g.first, ns, t.long)}
+		for h := range g.halves {
+			x.Halves[h] = g.halves[h].sample(g.first, ns, t.long)
+		}
 		for ep, l := range g.eps {
 			r := l.valueAt(ns, t.tau) / t.tau
 			x.Rate += r

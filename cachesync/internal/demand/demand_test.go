@@ -244,3 +244,29 @@ func TestLongRunOneRequest(t *testing.T) {
 		t.Fatalf("one answer of 120: %.1f ± %.1f", g.Answer, math.Sqrt(g.AnswerVar))
 	}
 }
+
+// TestHalves: a group's two halves are each about half its requests,
+// drawn at random (not one prompt's requests in one half), and each
+// estimates its answers on its own.
+func TestHalves(t *testing.T) {
+	tr := New(Config{})
+	t0 := time.Unix(1000, 0)
+	// Two prompts alternating, answering 100 and 200 tokens: a split by
+	// turn would put each prompt in a half of its own.
+	for i := range 2000 {
+		tr.Add("a", 1, 100+100*(i%2), t0.Add(time.Duration(i)*100*time.Millisecond))
+	}
+	g := tr.Groups(t0.Add(200 * time.Second))[0]
+	for h, s := range g.Halves {
+		if r := s.Requests / g.Requests; r < 0.45 || r > 0.55 {
+			t.Errorf("half %d: %.1f of %.1f requests", h, s.Requests, g.Requests)
+		}
+		if z := (s.Arrivals - g.Arrivals/2) / math.Sqrt(s.ArrivalsVar); math.Abs(z) > 4 {
+			t.Errorf("half %d: %.3f requests/s ± %.3f, want half of %.3f", h, s.Arrivals, math.Sqrt(s.ArrivalsVar), g.Arrivals)
+		}
+		if z := (s.Answer - 150) / math.Sqrt(s.AnswerVar); math.Abs(z) > 4 || s.AnswerVar <= g.AnswerVar {
+			t.Errorf("half %d: answers %.1f ± %.1f tokens, want 150, less sure than the whole's ± %.1f", h, s.Answer,
+				math.Sqrt(s.AnswerVar), math.Sqrt(g.AnswerVar))
+		}
+	}
+}

@@ -12,11 +12,20 @@ import (
 // at builds a group homed at one endpoint, of one request a second asking
 // for rate tokens, both well measured.
 func at(key uint64, endpoint string, rate float64) demand.Group {
-	return demand.Group{Key: key, Rate: rate, Requests: 20, Shares: []demand.Share{{Endpoint: endpoint, Rate: rate}},
-		Arrivals: 1, ArrivalsVar: 1e-4, Answer: rate, AnswerVar: 0.01}
+	return demand.Group{Key: key, Rate: rate, Shares: []demand.Share{{Endpoint: endpoint, Rate: rate}},
+		Sample: demand.Sample{Requests: 20, Arrivals: 1, ArrivalsVar: 1e-4, Answer: rate, AnswerVar: 0.01}}
 }
 
+// sorted sorts groups as demand.Tracker.Groups does, and gives each the
+// halves its whole sample would split into: each of half its requests, both
+// reading the same.
 func sorted(gs ...demand.Group) []demand.Group {
+	for i := range gs {
+		s := gs[i].Sample
+		half := demand.Sample{Requests: s.Requests / 2, Arrivals: s.Arrivals / 2, ArrivalsVar: s.ArrivalsVar / 2,
+			Answer: s.Answer, AnswerVar: 2 * s.AnswerVar}
+		gs[i].Halves = [2]demand.Sample{half, half}
+	}
 	slices.SortFunc(gs, func(a, b demand.Group) int {
 		if a.Rate > b.Rate {
 			return -1
@@ -88,8 +97,8 @@ func TestPlan(t *testing.T) {
 			{Pool: "m|65536", Key: 2, From: "a", To: "b", Rate: 50}}},
 		{"one group bigger than the gap: no move makes it better", sorted(at(1, "a", 700), at(2, "b", 500), at(3, "c", 500), at(4, "d", 500)), nil},
 		{"a hot group spread over two endpoints is not moved", sorted(
-			demand.Group{Key: 1, Rate: 800, Requests: 50, Shares: []demand.Share{{Endpoint: "a", Rate: 400}, {Endpoint: "b", Rate: 400}},
-				Arrivals: 1, Answer: 800},
+			demand.Group{Key: 1, Rate: 800, Shares: []demand.Share{{Endpoint: "a", Rate: 400}, {Endpoint: "b", Rate: 400}},
+				Sample: demand.Sample{Requests: 50, Arrivals: 1, Answer: 800}},
 			at(2, "a", 300), at(3, "b", 100), at(4, "c", 350), at(5, "d", 350)), []Move{
 			{Pool: "m|65536", Key: 2, From: "a", To: "c", Rate: 300}}},
 		{"groups seen too few times are not moved", func() []demand.Group {
@@ -97,14 +106,14 @@ func TestPlan(t *testing.T) {
 			for i := range gs {
 				gs[i].Requests = 2
 			}
-			return gs
+			return sorted(gs...)
 		}(), nil},
 		{"answers not yet measured well enough: no move", func() []demand.Group {
 			gs := b2b()
 			for i := range gs {
 				gs[i].AnswerVar = 15 * 15 // a few requests each
 			}
-			return gs
+			return sorted(gs...)
 		}(), nil},
 		{"equal groups whose arrivals ran hot and cold by chance: no move", noisy(1), nil},
 		{"b2b-saas's answers read through the same chance arrivals: the same swap", func() []demand.Group {
@@ -135,9 +144,9 @@ func TestPlan(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := New(Config{})
 			if got := p.Plan(t0, tt.groups, pool); got != nil {
-				t.Fatalf("moved %+v before the pool's first cooldown", got)
+				t.Fatalf("moved %+v before the pool settled", got)
 			}
-			got := p.Plan(t0.Add(31*time.Second), tt.groups, pool)
+			got := p.Plan(t0.Add(61*time.Second), tt.groups, pool)
 			if !slices.EqualFunc(got, tt.want, sameMove) {
 				t.Fatalf("moves %+v, want %+v", got, tt.want)
 			}
@@ -157,7 +166,7 @@ func TestPinsLast(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	p := New(Config{})
 	p.Plan(t0, b2b(), pool)
-	now := t0.Add(31 * time.Second)
+	now := t0.Add(61 * time.Second)
 	if got := p.Plan(now, b2b(), pool); len(got) != 2 {
 		t.Fatalf("moves %+v, want a swap", got)
 	}
@@ -208,7 +217,7 @@ func TestMaxPins(t *testing.T) {
 	p.pins[99] = pin{"b", t0}
 	gs := append(b2b(), at(99, "b", 1))
 	p.Plan(t0, gs, pool)
-	if got := p.Plan(t0.Add(31*time.Second), gs, pool); len(got) != 0 {
+	if got := p.Plan(t0.Add(61*time.Second), gs, pool); len(got) != 0 {
 		t.Fatalf("moved %+v to an endpoint at its pin bound", got)
 	}
 }
@@ -220,7 +229,7 @@ func TestMovedGroupsRest(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	p := New(Config{MinGain: 0.005})
 	p.Plan(t0, b2b(), pool)
-	now := t0.Add(31 * time.Second)
+	now := t0.Add(61 * time.Second)
 	if got := p.Plan(now, b2b(), pool); len(got) != 2 || got[0].Key != 1 || got[1].Key != 5 {
 		t.Fatalf("moves %+v, want groups 1 and 5 swapped", got)
 	}
@@ -257,5 +266,43 @@ func TestMovedGroupsRest(t *testing.T) {
 	got = p.Plan(now.Add(restFor+time.Second), after(), pool)
 	if len(got) != 2 || got[1].Key != 5 {
 		t.Fatalf("after the rest: moves %+v, want group 5 swapped for one of c's", got)
+	}
+}
+
+// TestHeldOut: a move chosen on one half of the groups' requests is made
+// only if the other half bears it out.
+func TestHeldOut(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	even := sorted(noisy(0)...) // every group 145 tokens
+	tests := []struct {
+		name  string
+		shown [2]bool // which halves show b2b-saas's long answers on a
+		moves int
+	}{
+		{"both halves: a swap", [2]bool{true, true}, 2},
+		{"the first half only: none", [2]bool{true, false}, 0},
+		{"the second half only: none", [2]bool{false, true}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			gs := b2b()
+			for i := range gs {
+				for h, shown := range tt.shown {
+					if shown {
+						continue
+					}
+					for _, e := range even {
+						if e.Key == gs[i].Key {
+							gs[i].Halves[h] = e.Halves[h]
+						}
+					}
+				}
+			}
+			p := New(Config{})
+			p.Plan(t0, gs, pool)
+			if got := p.Plan(t0.Add(61*time.Second), gs, pool); len(got) != tt.moves {
+				t.Fatalf("moves %+v, want %d", got, tt.moves)
+			}
+		})
 	}
 }
