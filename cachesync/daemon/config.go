@@ -114,7 +114,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.ScrapeMisses, "scrape-misses", scrape.DefaultMisses, "failed scrapes in a row before an engine is unhealthy")
 	fs.Float64Var(&c.Calibration.Default, "prefill-rate", calibrate.DefaultRate, "prefill tokens/s assumed until calibrated")
 	fs.Float64Var(&c.Calibration.Ceiling, "prefill-rate-max", 0, "highest calibrated prefill rate accepted (default 4x -prefill-rate)")
-	fs.BoolVar(&c.MoveGroups, "move-groups", false, "experimental: move prompt groups between a deployment's engines to spread their decoding (in two of twelve b2b-saas runs it lowered the knee; see the README)")
+	fs.BoolVar(&c.MoveGroups, "move-groups", false, "experimental: move prompt groups between a deployment's engines to spread their decoding (in four of seventeen b2b-saas runs it lowered the knee; see the README)")
 	fs.DurationVar(&c.MoveCooldown, "move-cooldown", 30*time.Second, "with -move-groups: least time between two moves in a deployment; the first waits twice this after its first demand")
 	fs.DurationVar(&c.PendingTTL, "pending-ttl", 0, "experimental: how long a block a routing report names for an engine with KV events counts before the engine's events confirm it (0: off; the benchmark runs 10s)")
 	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token: sizes approximate indexes, and the filters estimate prompt tokens by it (sent in the snapshot)")
