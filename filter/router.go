@@ -176,6 +176,7 @@ type loads func(v *snapshot.View, hashes []uint64, session uint64) []policy.Loca
 // snapshot when the view holds one, by rendezvous over the configured
 // endpoints otherwise. local reports the gateway's own load.
 func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOptions) decision {
+	defer r.trim()
 	var m *snapshot.Manifest
 	if view != nil && view.Loaded() {
 		m = view.Manifest()
@@ -294,6 +295,19 @@ func (r *router) addr(m *snapshot.Manifest, i int) string {
 		r.addrs[i] = string(r.addrBuf)
 	}
 	return r.addrs[i]
+}
+
+// keptText bounds the rendered text a router keeps for the next request:
+// an ordinary prompt's is a few KiB, a hostile one's max_body_bytes.
+const keptText = 1 << 20
+
+// trim ends a request: a huge one's buffers are not kept for the VM's life
+// (prompt.Renderer.Trim).
+func (r *router) trim() {
+	r.renderer.Trim()
+	if cap(r.text) > keptText {
+		r.text = nil
+	}
 }
 
 // render renders body with the configured template or, on auto, with the
