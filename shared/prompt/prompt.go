@@ -299,6 +299,14 @@ const (
 	keepBytes = 1 << 20
 )
 
+// trimmed returns s, or nil when it has room for more than n.
+func trimmed[S ~[]E, E any](s S, n int) S {
+	if cap(s) > n {
+		return nil
+	}
+	return s
+}
+
 // Trim ends a request: the Renderer forgets the body it parsed, and drops
 // the scratch space the request grew past what ordinary requests need, so
 // that one huge request does not hold its buffers in the heap for the
@@ -308,31 +316,17 @@ const (
 func (r *Renderer) Trim() {
 	r.Model()
 	r.s.b = nil
-	if cap(r.msgs) > keepItems {
-		r.msgs = nil
-	}
-	if cap(r.parts) > keepItems {
-		r.parts = nil
-	}
-	if cap(r.kv) > keepItems {
-		r.kv = nil
-	}
-	if cap(r.respMsgs) > keepItems {
-		r.respMsgs = nil
-	}
-	if cap(r.respCalls) > keepItems {
-		r.respCalls = nil
-	}
-	if cap(r.withCalls) > keepItems {
-		r.withCalls = nil
-	}
+	r.msgs = trimmed(r.msgs, keepItems)
+	r.parts = trimmed(r.parts, keepItems)
+	r.kv = trimmed(r.kv, keepItems)
+	r.respMsgs = trimmed(r.respMsgs, keepItems)
+	r.respCalls = trimmed(r.respCalls, keepItems)
+	r.withCalls = trimmed(r.withCalls, keepItems)
 	if len(r.callNames) > keepItems {
 		r.callNames = nil
 	}
 	for _, b := range []*[]byte{&r.s.arena, &r.tmp, &r.scratch, &r.conv, &r.convParts, &r.convCalls, &r.convImages, &r.convText} {
-		if cap(*b) > keepBytes {
-			*b = nil
-		}
+		*b = trimmed(*b, keepBytes)
 	}
 }
 
