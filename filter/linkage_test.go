@@ -2,8 +2,6 @@ package main
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -15,8 +13,8 @@ import (
 // filter links (gjson reaches os through encoding/json) is outside this
 // rule and measured by the legacy-host tests instead.
 func TestFilterLinksNoFmtLogOrOs(t *testing.T) {
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	cmd := exec.Command(gobin, "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", ".")
+	// go test puts its own toolchain's bin first on the test's PATH.
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", ".")
 	cmd.Env = append(cmd.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -42,7 +42,8 @@ func (s *testStream) OnHttpRequestHeaders(int, bool) types.Action {
 	s.headerCalls++
 	if s.panicInHeaders {
 		var m map[string]int
-		m["boom"]++ // a real runtime panic, not a string
+		//lint:ignore SA5000 the point: a real runtime panic, not a string
+		m["boom"]++
 	}
 	return types.ActionPause
 }

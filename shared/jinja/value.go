@@ -181,7 +181,7 @@ func truthy(v Value) bool {
 }
 
 func typeName(v Value) string {
-	switch v.(type) {
+	switch v := v.(type) {
 	case nil:
 		return "NoneType"
 	case Undefined:
@@ -199,10 +199,10 @@ func typeName(v Value) string {
 	case bigInt:
 		return "int"
 	case *List:
-		switch l := v.(*List); {
-		case l.tuple:
+		switch {
+		case v.tuple:
 			return "tuple"
-		case l.generator:
+		case v.generator:
 			return "generator"
 		}
 		return "list"

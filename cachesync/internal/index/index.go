@@ -134,13 +134,12 @@ type Index struct {
 	log         *slog.Logger
 	m           *metrics
 
-	mu        sync.Mutex // guards the fields below and endpoint fields marked so
-	b         *snapshot.Builder
-	approx    *approx.Index
-	eps       map[string]*endpoint
-	changed   bool
-	lastBuild time.Time
-	hashes    []uint64 // scratch for report hashes
+	mu      sync.Mutex // guards the fields below and endpoint fields marked so
+	b       *snapshot.Builder
+	approx  *approx.Index
+	eps     map[string]*endpoint
+	changed bool
+	hashes  []uint64 // scratch for report hashes
 	// Scratch for countPrefixes: a prefix's traffic over its holders, the
 	// held prefixes' rates, and each endpoint's share-weighted count.
 	rootRates map[uint64]float64

@@ -135,7 +135,7 @@ func TestLibzmqPeer(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatalf("nothing arrived live: %+v", s.Stats())
 				}
-				next = p.do(t, "publish 1")
+				p.do(t, "publish 1")
 				time.Sleep(20 * time.Millisecond)
 			}
 			p.do(t, "drop 3")
