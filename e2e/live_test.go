@@ -277,10 +277,18 @@ func TestReportsReachCachesyncWithToken(t *testing.T) {
 			t.Errorf("snapshot fetched with authorization %q: its hashes would be open to anyone", a)
 		}
 	}
+	p, err := prompt.Render(nil, body, prompt.ChatML)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var got []uint64
 	for e := range f.reports[0].Records() {
 		if string(e.Endpoint()) != dest || string(e.Model()) != "qwen" {
 			t.Errorf("report for %s/%s, want %s/qwen", e.Endpoint(), e.Model(), dest)
+		}
+		// What cachesync sets against the engine's prompt tokens.
+		if e.Bytes() != len(p.Text) {
+			t.Errorf("reported a prompt of %d bytes, want the rendered %d", e.Bytes(), len(p.Text))
 		}
 		got = e.AppendHashes(got)
 	}

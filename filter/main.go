@@ -391,7 +391,7 @@ func (h *httpContext) report(d *decision) {
 	}
 	hashes = hashes[:min(len(hashes), p.cfg.reportBlocks)]
 	rec := report.Record{Endpoint: d.endpoint, Model: d.model, Hashes: hashes, Cached: min(d.policy.Blocks, len(hashes)), Reason: d.reason,
-		Output: min(max(d.output, 0), report.MaxOutput)}
+		Output: min(max(d.output, 0), report.MaxOutput), Bytes: min(d.promptBytes, report.MaxBytes)}
 	var err error
 	if p.record, err = report.AppendRecord(p.record[:0], &rec); err != nil {
 		return

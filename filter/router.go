@@ -97,6 +97,9 @@ type decision struct {
 	model        string
 	template     prompt.Template // the chat template the prompt was rendered with
 	promptTokens int
+	// promptBytes is the rendered prompt's length; 0 when the engine's
+	// prompt is more than was rendered (a conversation continued there).
+	promptBytes int
 	// output is the tokens the request asks to generate at most, 0 when
 	// it does not say.
 	output int
@@ -208,7 +211,8 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 	bs := r.cfg.hashing.Size()
 	r.blocks = min(len(p.Text)/bs, r.cfg.hashing.Max())
 	r.hashes = blockhash.Append(r.hashes[:0], seed, p.Text[:min(r.blocks, r.cfg.hashAhead())*bs], r.cfg.hashing)
-	d := decision{model: p.Model, template: tmpl, promptTokens: policy.Tokens(len(p.Text), m), output: p.MaxTokens, stream: p.Stream}
+	d := decision{model: p.Model, template: tmpl, promptTokens: policy.Tokens(len(p.Text), m), promptBytes: len(p.Text),
+		output: p.MaxTokens, stream: p.Stream}
 
 	if m != nil {
 		req := policy.Request{

@@ -8,13 +8,15 @@
 //
 //	batch:  "KVRP" | u16 version | u16 0 | u32 records | u32 0 | record... | u64 XXH64(everything before)
 //	record: u8 recordTag | u8 len(endpoint) | u8 len(model) | u8 reason | u32 hashes | u32 cached |
-//	        u32 output | endpoint | model | hashes x u64
+//	        u32 output | u32 bytes | endpoint | model | hashes x u64
 //	outcome: u8 outcomeTag | u8 len(endpoint) | u16 0 | f32 wait | u32 0 | endpoint |
 //	        f32 uncached | f32 backlog | f32 running | f32 waiting | f32 predicted TTFT | f32 observed TTFT
 //
-// A routing record says where a prompt went and how many tokens the
-// request asked to generate (cachesync's move planner learns each prefix's
-// decode load from them); an outcome record, sent once
+// A routing record says where a prompt went, how many tokens the request
+// asked to generate (cachesync's move planner learns each prefix's decode
+// load from them) and how long its rendered prompt is in bytes (set against
+// the engines' prompt-token counters, cachesync learns how many bytes a
+// token stands for); an outcome record, sent once
 // the request's first token is out, what its time to first token was
 // against what the policy predicted from the terms it saw (shared/predict),
 // for cachesync to fit the endpoint's latency model.
@@ -44,11 +46,11 @@ import (
 )
 
 // Version is the batch format version this package writes. It reads
-// versions 2 to 4 too, the same format without reasons (version 2: the
-// byte was 0), without an outcome's wait (before 4: the word was 0) and
-// without a routing record's output word (before 5), so that gateways may
-// be upgraded after cachesync.
-const Version = 5
+// versions 2 to 5 too, the same format without reasons (version 2: the
+// byte was 0), without an outcome's wait (before 4: the word was 0),
+// without a routing record's output word (before 5) and without its bytes
+// word (before 6), so that gateways may be upgraded after cachesync.
+const Version = 6
 
 // Reasons are the decision reasons a record can carry, by their code; ""
 // (code 0) is a record that does not say. They are the filter's reason
@@ -69,9 +71,11 @@ const (
 	headerSize  = 16
 	trailerSize = 8
 	recordFixed = 12
-	// routeFixed is a routing record's fixed part from version 5 on: the
-	// output word follows the cached count.
-	routeFixed = 16
+	// outputFixed is a routing record's fixed part in version 5: the
+	// output word follows the cached count. From version 6 on (routeFixed)
+	// the bytes word follows that.
+	outputFixed = 16
+	routeFixed  = 20
 	// recordTag and outcomeTag open every record: a record queued by a
 	// module built against another format is refused before it reaches a
 	// batch.
@@ -144,10 +148,17 @@ type Record struct {
 	// Output is how many tokens the request asked to generate (its
 	// max_tokens), 0 to MaxOutput; 0 when it did not say.
 	Output int
+	// Bytes is the length of the rendered prompt, 0 to MaxBytes; 0 when
+	// not known. Hashes may cover less of it (a gateway caps them).
+	Bytes int
 }
 
 // MaxOutput is the most output tokens a record carries.
 const MaxOutput = 1 << 24
+
+// MaxBytes is the longest prompt, in bytes, a record carries: as many as
+// MaxHashes covers.
+const MaxBytes = MaxHashes * 64
 
 // AppendRecord appends r, encoded, to dst. It refuses an empty or overlong
 // endpoint, an overlong model, more than MaxHashes hashes, and a Cached count
@@ -164,6 +175,8 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 		return dst, errors.New("report: cached count outside 0..hashes")
 	case r.Output < 0 || r.Output > MaxOutput:
 		return dst, errors.New("report: output tokens outside 0.." + strconv.Itoa(MaxOutput))
+	case r.Bytes < 0 || r.Bytes > MaxBytes:
+		return dst, errors.New("report: prompt bytes outside 0.." + strconv.Itoa(MaxBytes))
 	}
 	reason, ok := reasonCode(r.Reason)
 	if !ok {
@@ -173,6 +186,7 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 	dst = le.AppendUint32(dst, uint32(len(r.Hashes)))
 	dst = le.AppendUint32(dst, uint32(r.Cached))
 	dst = le.AppendUint32(dst, uint32(r.Output))
+	dst = le.AppendUint32(dst, uint32(r.Bytes))
 	dst = append(dst, r.Endpoint...)
 	dst = append(dst, r.Model...)
 	for _, h := range r.Hashes {
@@ -252,8 +266,11 @@ func recordSize(b []byte, maxHashes int, version uint16) (size, hashes int, err 
 	if len(b) < fixed {
 		return 0, 0, corrupt("record truncated")
 	}
-	if fixed == routeFixed && le.Uint32(b[12:]) > MaxOutput {
+	if fixed >= outputFixed && le.Uint32(b[12:]) > MaxOutput {
 		return 0, 0, corrupt("output tokens out of range")
+	}
+	if fixed >= routeFixed && le.Uint32(b[16:]) > MaxBytes {
+		return 0, 0, corrupt("prompt bytes out of range")
 	}
 	ep, model := int(b[1]), int(b[2])
 	n, cached := le.Uint32(b[4:]), le.Uint32(b[8:])
@@ -279,8 +296,11 @@ func recordSize(b []byte, maxHashes int, version uint16) (size, hashes int, err 
 // routeFixedOf returns the size of a routing record's fixed part in a
 // batch of the version.
 func routeFixedOf(version uint16) int {
-	if version < 5 {
+	switch {
+	case version < 5:
 		return recordFixed
+	case version == 5:
+		return outputFixed
 	}
 	return routeFixed
 }
@@ -487,10 +507,19 @@ func (e Entry) hashOff() int { return e.fixed + int(e.b[1]) + int(e.b[2]) }
 // Output returns how many tokens the request asked to generate; 0 when the
 // record does not say (an outcome record, or a batch before version 5).
 func (e Entry) Output() int {
-	if e.IsOutcome() || e.fixed < routeFixed {
+	if e.IsOutcome() || e.fixed < outputFixed {
 		return 0
 	}
 	return int(le.Uint32(e.b[12:]))
+}
+
+// Bytes returns the rendered prompt's length in bytes; 0 when the record
+// does not say (an outcome record, or a batch before version 6).
+func (e Entry) Bytes() int {
+	if e.IsOutcome() || e.fixed < routeFixed {
+		return 0
+	}
+	return int(le.Uint32(e.b[16:]))
 }
 
 // AppendHashes appends the record's hashes, prefix first, to dst.

@@ -26,6 +26,7 @@ func sample(n int) []Record {
 			Cached:   len(hs) / 2,
 			Reason:   Reasons[i%len(Reasons)],
 			Output:   (i * 37) % 2000,
+			Bytes:    (i * 4099) % 90000,
 		}
 	}
 	return recs
@@ -49,7 +50,7 @@ func decoded(t *testing.T, b []byte, lim Limits) []Record {
 				t.Fatalf("Hash(%d) = %#x, AppendHashes has %#x", i, e.Hash(i), h)
 			}
 		}
-		out = append(out, Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason(), Output: e.Output()})
+		out = append(out, Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason(), Output: e.Output(), Bytes: e.Bytes()})
 	}
 	if len(out) != bt.Len() {
 		t.Fatalf("Records yielded %d, Len %d", len(out), bt.Len())
@@ -59,7 +60,7 @@ func decoded(t *testing.T, b []byte, lim Limits) []Record {
 
 func sameRecords(a, b []Record) bool {
 	return slices.EqualFunc(a, b, func(x, y Record) bool {
-		return x.Endpoint == y.Endpoint && x.Model == y.Model && x.Cached == y.Cached && x.Reason == y.Reason && x.Output == y.Output &&
+		return x.Endpoint == y.Endpoint && x.Model == y.Model && x.Cached == y.Cached && x.Reason == y.Reason && x.Output == y.Output && x.Bytes == y.Bytes &&
 			len(x.Hashes) == len(y.Hashes) && (len(x.Hashes) == 0 || slices.Equal(x.Hashes, y.Hashes))
 	})
 }
@@ -171,6 +172,8 @@ func TestAppendRecordRejects(t *testing.T) {
 		{"negative cached", Record{Endpoint: "a:1", Cached: -1}},
 		{"cached over hashes", Record{Endpoint: "a:1", Hashes: []uint64{1}, Cached: 2}},
 		{"too many hashes", Record{Endpoint: "a:1", Hashes: make([]uint64, MaxHashes+1)}},
+		{"negative bytes", Record{Endpoint: "a:1", Bytes: -1}},
+		{"too many bytes", Record{Endpoint: "a:1", Bytes: MaxBytes + 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := []byte("keep")
@@ -256,7 +259,7 @@ func TestOutcomes(t *testing.T) {
 	if _, err := Parse(reseal(v3), Limits{}); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("a version 3 outcome with a wait: Parse = %v, want ErrCorrupt", err)
 	}
-	le.PutUint32(v3[headerSize+len(first)-4+4:], 0)
+	le.PutUint32(v3[headerSize+len(first)-(routeFixed-recordFixed)+4:], 0) // the outcome's wait, after the shortened record
 	bt3, err := Parse(reseal(v3), Limits{})
 	if err != nil {
 		t.Fatalf("version 3 batch: %v", err)
@@ -280,9 +283,9 @@ func reseal(b []byte) []byte {
 	return b
 }
 
-// downgrade rewrites a batch to version v (2 to 4): its routing records
-// lose their output word, and their outputs read as 0. Reasons and waits
-// are left for the caller to clear.
+// downgrade rewrites a batch to version v (2 to 5): its routing records
+// lose the words that version lacks (output before 5, bytes before 6),
+// which then read as 0. Reasons and waits are left for the caller to clear.
 func downgrade(t *testing.T, b []byte, v uint16) []byte {
 	t.Helper()
 	bt, err := Parse(b, Limits{})
@@ -296,7 +299,7 @@ func downgrade(t *testing.T, b []byte, v uint16) []byte {
 			out = append(out, e.b...)
 			continue
 		}
-		out = append(out, e.b[:recordFixed]...)
+		out = append(out, e.b[:routeFixedOf(v)]...)
 		out = append(out, e.b[routeFixed:]...)
 	}
 	return reseal(append(out, make([]byte, trailerSize)...))
@@ -316,10 +319,28 @@ func TestReadsVersion2(t *testing.T) {
 		}
 	}
 	for i := range recs {
-		recs[i].Output = 0
+		recs[i].Output, recs[i].Bytes = 0, 0
 	}
 	if got := decoded(t, downgrade(t, w.Bytes(), 2), Limits{}); !sameRecords(got, recs) {
 		t.Errorf("version 2 batch read as %+v", got)
+	}
+}
+
+// TestReadsVersion5: a batch from a gateway before prompt bytes keeps its
+// outputs, and its prompts read as of unknown length.
+func TestReadsVersion5(t *testing.T) {
+	recs := sample(5)
+	var w Writer
+	for i := range recs {
+		if err := w.Add(&recs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range recs {
+		recs[i].Bytes = 0
+	}
+	if got := decoded(t, downgrade(t, w.Bytes(), 5), Limits{}); !sameRecords(got, recs) {
+		t.Errorf("version 5 batch read as %+v", got)
 	}
 }
 
@@ -356,6 +377,7 @@ func TestParseRejects(t *testing.T) {
 		{"no endpoint", edit(func(b []byte) []byte { b[rec2+1] = 0; return b }), Limits{}, ErrCorrupt},
 		{"cached over hashes", edit(func(b []byte) []byte { b[rec2+8] = 5; return b }), Limits{}, ErrCorrupt},
 		{"output out of range", edit(func(b []byte) []byte { le.PutUint32(b[rec2+12:], MaxOutput+1); return b }), Limits{}, ErrCorrupt},
+		{"bytes out of range", edit(func(b []byte) []byte { le.PutUint32(b[rec2+16:], MaxBytes+1); return b }), Limits{}, ErrCorrupt},
 		{"hash count past end", edit(func(b []byte) []byte { b[rec2+4] = 5; return b }), Limits{}, ErrCorrupt},
 		{"hash count huge", edit(func(b []byte) []byte { le.PutUint32(b[rec2+4:], 1<<31); return b }), Limits{MaxHashes: 1 << 30}, ErrCorrupt},
 		{"too many records", good, Limits{MaxRecords: 2}, ErrLimit},
@@ -452,7 +474,7 @@ func FuzzParse(f *testing.F) {
 					continue
 				}
 				hs = e.AppendHashes(hs[:0])
-				r := Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason(), Output: e.Output()}
+				r := Record{Endpoint: string(e.Endpoint()), Model: string(e.Model()), Hashes: hs, Cached: e.Cached(), Reason: e.Reason(), Output: e.Output(), Bytes: e.Bytes()}
 				if err := w.Add(&r); err != nil {
 					t.Fatalf("accepted record %+v does not encode: %v", r, err)
 				}
