@@ -64,6 +64,10 @@ type Config struct {
 	ScrapeMisses   int
 	Calibration    calibrate.Config
 	BytesPerToken  float64 // sizes approximate indexes from KV capacity; published to the filters in the snapshot
+	// LearnBytesPerToken sizes each approximate index by the ratio learned
+	// for its engine's model (package tokenbytes) once there is one;
+	// BytesPerToken stands until then.
+	LearnBytesPerToken bool
 	// PendingTTL, when positive, makes the blocks a routing report names
 	// for a precise endpoint count until its events confirm them, for that
 	// long (index.Config.PendingTTL); 0 leaves them to the events alone.
@@ -117,7 +121,8 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.BoolVar(&c.MoveGroups, "move-groups", false, "experimental: move prompt groups between a deployment's engines to spread their decoding (in four of seventeen b2b-saas runs it lowered the knee; see the README)")
 	fs.DurationVar(&c.MoveCooldown, "move-cooldown", 30*time.Second, "with -move-groups: least time between two moves in a deployment; the first waits twice this after its first demand")
 	fs.DurationVar(&c.PendingTTL, "pending-ttl", 0, "experimental: how long a block a routing report names for an engine with KV events counts before the engine's events confirm it (0: off; the benchmark runs 10s)")
-	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token: sizes approximate indexes, and the filters estimate prompt tokens by it (sent in the snapshot)")
+	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token: sizes approximate indexes (until -learn-bytes-per-token has learned one), and the filters estimate prompt tokens by it (sent in the snapshot)")
+	fs.BoolVar(&c.LearnBytesPerToken, "learn-bytes-per-token", true, "size each approximate index by the bytes per token learned for its model from the gateways' reports and the engines' prompt-token counters")
 	fs.DurationVar(&c.TemplateCheck, "template-check", DefaultTemplateCheck, "how often each engine with KV events renders a probe set through its /tokenize, to check its chat template against the gateways' (an engine that disagrees is indexed approximately); negative: never")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")

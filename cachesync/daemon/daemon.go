@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -31,6 +32,7 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/planner"
 	"github.com/kvroute/kvroute/cachesync/internal/scrape"
 	"github.com/kvroute/kvroute/cachesync/internal/service"
+	"github.com/kvroute/kvroute/cachesync/internal/tokenbytes"
 	"github.com/kvroute/kvroute/cachesync/internal/vocab"
 	"github.com/kvroute/kvroute/shared/approx"
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -75,12 +77,15 @@ type Daemon struct {
 	silence time.Duration
 	// tokenPoll is tokenFilePoll, shorter in tests; tokenFile is the token
 	// file's contents as last read.
-	tokenPoll time.Duration
-	tokenFile []byte
-	models    *models
-	demand    *demand.Tracker
-	planner   *planner.Planner // guarded by mu
-	moves     uint64           // groups moved; guarded by mu
+	tokenPoll  time.Duration
+	tokenFile  []byte
+	models     *models
+	demand     *demand.Tracker
+	tokenBytes *tokenbytes.Estimator // learns bytes per token
+	// learned is the bytes per token last logged per model; guarded by mu.
+	learned map[string]float64
+	planner *planner.Planner // guarded by mu
+	moves   uint64           // groups moved; guarded by mu
 }
 
 // maxDecodePrefill is the largest share of its prefill rate an engine may
@@ -155,6 +160,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.models = newModels(d.reg, d.log)
 	d.demand = demand.New(demand.Config{})
+	d.tokenBytes, d.learned = tokenbytes.New(tokenbytes.Config{}), map[string]float64{}
 	d.planner = planner.New(planner.Config{Cooldown: cfg.MoveCooldown})
 	if cfg.Tokenizer != "" {
 		v, err := vocab.Load(cfg.Tokenizer)
@@ -171,7 +177,10 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	if d.ix, err = index.New(index.Config{Interval: cfg.SyncInterval, PendingTTL: cfg.PendingTTL, Snapshot: snapshot.BuilderConfig{BytesPerToken: cfg.BytesPerToken},
-		OnOutcome: d.models.outcome, OnRoute: func(e report.Entry) { d.demand.Record(e, time.Now()) },
+		OnOutcome: d.models.outcome, OnRoute: func(e report.Entry) {
+			d.demand.Record(e, time.Now())
+			d.tokenBytes.Routed(string(e.Endpoint()), e.Bytes())
+		},
 		Registerer: d.reg, Logger: log}); err != nil {
 		return nil, err
 	}
@@ -349,6 +358,7 @@ func (d *Daemon) reconcile(ctx context.Context, scraper *scrape.Scraper, set []d
 			d.ix.RemoveEndpoint(addr)
 			d.models.forget(addr)
 			d.demand.Forget(addr)
+			d.tokenBytes.Forget(addr)
 			d.log.Info("engine removed", "engine", addr)
 		}
 	}
@@ -415,8 +425,11 @@ func (d *Daemon) applyScrape(ctx context.Context, st scrape.State) {
 			}
 		}
 	}
+	if st.Health == snapshot.HealthHealthy && len(st.Models) > 0 {
+		d.tokenBytes.Counted(st.Addr, st.Models[0], st.PromptTokens, st.Scraped)
+	}
 	if st.KVCapacity > 0 {
-		e.capacity = approx.Sizing{BytesPerToken: d.cfg.BytesPerToken, BlockBytes: d.cfg.Hash.BlockSize}.Blocks(int64(st.KVCapacity))
+		e.capacity = approx.Sizing{BytesPerToken: d.bytesPerToken(st.Models), BlockBytes: d.cfg.Hash.BlockSize}.Blocks(int64(st.KVCapacity))
 		if err := d.ix.SetCapacity(st.Addr, e.capacity); err != nil && !errors.Is(err, index.ErrUnknownEndpoint) {
 			d.log.Warn("set approximate capacity", "engine", st.Addr, "err", err)
 		}
@@ -511,6 +524,25 @@ func (e *engine) cleanITL(prev, st *scrape.State, fit func(itlSample)) {
 		mean := (st.ITLSeconds - prev.ITLSeconds) / (st.ITLCount - prev.ITLCount)
 		e.decode = append(e.decode, itlSample{running: float64(st.Running+prev.Running) / 2, seconds: mean})
 	}
+}
+
+// bytesPerToken returns the text bytes per token to size the approximate
+// index of an engine serving models by: the ratio learned for its model,
+// else the configured one. A ratio first learned, or moved by a tenth since
+// it was last logged, is logged. With d.mu held.
+func (d *Daemon) bytesPerToken(models []string) float64 {
+	if !d.cfg.LearnBytesPerToken || len(models) == 0 {
+		return d.cfg.BytesPerToken
+	}
+	r, ok := d.tokenBytes.Ratio(models[0])
+	if !ok {
+		return d.cfg.BytesPerToken
+	}
+	if last := d.learned[models[0]]; math.Abs(r-last) > last/10 {
+		d.learned[models[0]] = r
+		d.log.Info("learned bytes per token", "model", models[0], "bytes_per_token", math.Round(r*100)/100, "was", last)
+	}
+	return r
 }
 
 // restarted reports whether an engine's healthy scrape st shows it started

@@ -21,7 +21,9 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/calibrate"
 	"github.com/kvroute/kvroute/cachesync/internal/discovery"
 	"github.com/kvroute/kvroute/cachesync/internal/scrape"
+	"github.com/kvroute/kvroute/cachesync/internal/tokenbytes"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
+	"github.com/kvroute/kvroute/shared/approx"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/predict"
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -938,5 +940,89 @@ func postReports(t *testing.T, d *Daemon, w *report.Writer) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("report: %s", resp.Status)
+	}
+}
+
+// TestLearnsBytesPerToken: an approximate engine's index is sized by the
+// bytes per token learned from the gateways' reports against the engine's
+// own prompt-token counter, once there is enough of both; until then, and
+// without -learn-bytes-per-token, by the configured ratio.
+func TestLearnsBytesPerToken(t *testing.T) {
+	for _, learn := range []bool{true, false} {
+		t.Run(strconv.FormatBool(learn), func(t *testing.T) {
+			es, err := vllmsim.StartN(t.Context(), 1, vllmsim.Config{Model: model, NumGPUBlocks: 512, TimeScale: 0.001})
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := es[0].Addr()
+			d := startDaemon(t, Config{Engines: addr, ReportToken: "tok", LearnBytesPerToken: learn})
+			capacity := func() (int, int) {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				if e := d.engines[addr]; e != nil {
+					return e.capacity, e.last.KVCapacity
+				}
+				return 0, 0
+			}
+			// Reports count from the engine's first healthy scrape on.
+			eventually(t, "the engine scraped healthy", func() bool {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				e := d.engines[addr]
+				return e != nil && e.capacity > 0 && e.last.Health == snapshot.HealthHealthy && len(e.last.Models) > 0
+			})
+			_, kv := capacity()
+			configured := approx.Sizing{BytesPerToken: 4}.Blocks(int64(kv))
+			if c, _ := capacity(); c != configured {
+				t.Fatalf("capacity before any traffic: %d blocks, want the configured ratio's %d", c, configured)
+			}
+			// Prompts of token ids, reported as 6 bytes a token: the
+			// engine counts exactly the tokens sent.
+			const tokens, ratio = 4000, 6
+			ids := make([]string, tokens)
+			for i := range ids {
+				ids[i] = strconv.Itoa(1000 + i%5000)
+			}
+			body := `{"model":"` + model + `","prompt":[` + strings.Join(ids, ",") + `],"max_tokens":1}`
+			var w report.Writer
+			if err := w.Add(&report.Record{Endpoint: addr, Model: model, Hashes: []uint64{1}, Bytes: ratio * tokens}); err != nil {
+				t.Fatal(err)
+			}
+			for i := range tokenbytes.DefaultMinTokens/tokens + 1 {
+				req, _ := http.NewRequest("POST", "http://"+d.Addr()+"/v1/reports", bytes.NewReader(w.Bytes()))
+				req.Header.Set("Authorization", "Bearer tok")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusAccepted {
+					t.Fatalf("report: %s", resp.Status)
+				}
+				// The engine's counter is scraped when it changes, the
+				// report applied on the index's next build: a prompt
+				// reported before it runs keeps the two in step.
+				eventually(t, "the report applied", func() bool {
+					n, _ := metricValue(get(t, "http://"+d.Addr()+"/metrics"), `kvroute_cachesync_report_records_total{outcome="applied"}`)
+					return n == float64(i+1)
+				})
+				if resp, err = http.Post(es[0].URL()+"/v1/completions", "application/json", strings.NewReader(body)); err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("completion: %s", resp.Status)
+				}
+			}
+			want, wantRatio, source := approx.Sizing{BytesPerToken: ratio}.Blocks(int64(kv)), float64(ratio), "learned"
+			if !learn {
+				want, wantRatio, source = configured, 4, "configured"
+			}
+			eventually(t, "the index sized by the ratio", func() bool {
+				got, ok := metricValue(get(t, "http://"+d.Addr()+"/metrics"), `kvroute_cachesync_bytes_per_token{model="`+model+`",source="`+source+`"}`)
+				c, _ := capacity()
+				return ok && c == want && math.Abs(got-wantRatio) < 0.01
+			})
+		})
 	}
 }

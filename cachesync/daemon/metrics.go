@@ -88,6 +88,7 @@ var (
 	descPrefillRate    = prometheus.NewDesc(ns+"engine_prefill_rate_tokens_per_second", "Prefill rate published for each engine: calibrated from its metrics; until then its deployment's calibrated engines' median, else the configured default.", []string{"engine", "kind"}, nil)
 	descSlowdown       = prometheus.NewDesc(ns+"engine_slowdown_ratio", "How much slower than the other engines of its deployment an engine decodes, beyond the noise (pace.Band); 1 when not slower. The engine's ITL model is scaled by it.", []string{"engine"}, nil)
 	descCalibrated     = prometheus.NewDesc(ns+"engine_prefill_rate_calibrated", "1 once an engine's prefill rate is calibrated from its own metrics, 0 while the default stands.", []string{"engine"}, nil)
+	descBytesPerToken  = prometheus.NewDesc(ns+"bytes_per_token", "Text bytes per token each model's approximate indexes are sized by: learned from the gateways' reports and the engines' prompt-token counters (source learned), or -bytes-per-token (configured).", []string{"model", "source"}, nil)
 	descDiscovery      = prometheus.NewDesc(ns+"discovery_updates_total", "Engine sets discovery sent.", nil, nil)
 	descDiscoveryErrs  = prometheus.NewDesc(ns+"discovery_errors_total", "Discovery lookups that failed (the last set stands).", nil, nil)
 )
@@ -104,7 +105,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descBatches, descGaps, descReplays, descReplayFailures, descReplayed,
 		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines,
 		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descAgreement, descCommonPrefix, descTemplates, descDiscovery, descDiscoveryErrs,
-		descPrefillRate, descSlowdown, descCalibrated, descEngineHealth, descEnginePrecise, descEngineReqs, descEngineKV, descEngineIndex, descEnginePrefix, descEngineDemand, descMoves} {
+		descPrefillRate, descSlowdown, descCalibrated, descBytesPerToken, descEngineHealth, descEnginePrecise, descEngineReqs, descEngineKV, descEngineIndex, descEnginePrefix, descEngineDemand, descMoves} {
 		ch <- d
 	}
 }
@@ -207,6 +208,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descCalibrated, calibrated, st.Addr)
 		ch <- prometheus.MustNewConstMetric(descSlowdown, prometheus.GaugeValue, d.models.slowdown(st.Addr), st.Addr)
+	}
+	seen := map[string]bool{}
+	for _, st := range rates {
+		if len(st.Models) == 0 || seen[st.Models[0]] {
+			continue
+		}
+		seen[st.Models[0]] = true
+		v, source := d.cfg.BytesPerToken, "configured"
+		if r, ok := d.tokenBytes.Ratio(st.Models[0]); ok && d.cfg.LearnBytesPerToken {
+			v, source = r, "learned"
+		}
+		ch <- prometheus.MustNewConstMetric(descBytesPerToken, prometheus.GaugeValue, v, st.Models[0], source)
 	}
 	if scraper != nil {
 		st := scraper.Stats()
