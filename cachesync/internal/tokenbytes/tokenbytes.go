@@ -115,6 +115,11 @@ func (e *Estimator) Counted(endpoint, model string, tokens float64, now time.Tim
 		en = &engine{}
 		e.eps[endpoint] = en
 	}
+	if math.IsInf(tokens, 0) || math.IsNaN(tokens) {
+		// Not a count: the next reading starts afresh.
+		en.seen, en.bytes, en.unknown = false, 0, false
+		return
+	}
 	delta, bytes, clean := tokens-en.counted, en.bytes, en.seen && !en.unknown && en.model == model
 	en.model, en.counted, en.seen, en.bytes, en.unknown = model, tokens, true, 0, false
 	if !clean || !(delta >= 0) || (delta == 0 && bytes == 0) {

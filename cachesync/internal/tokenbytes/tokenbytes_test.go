@@ -74,6 +74,10 @@ func TestRatio(t *testing.T) {
 		{"and lost requests above", []step{
 			scrape("a", "m", 0, 0), routed("a", 90000), scrape("a", "m", 1000, time.Second),
 		}, "m", MaxRatio},
+		{"a reading that is not a count starts afresh", []step{
+			scrape("a", "m", 0, 0), routed("a", 9000), scrape("a", "m", math.Inf(1), time.Second),
+			scrape("a", "m", 1000, 2*time.Second), routed("a", 2000), scrape("a", "m", 2000, 3*time.Second),
+		}, "m", 2},
 		{"an unscraped endpoint is not tracked", []step{
 			routed("x", 6000), scrape("a", "m", 0, 0), routed("a", 4000), scrape("a", "m", 1000, time.Second),
 		}, "m", 4},
