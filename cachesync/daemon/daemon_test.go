@@ -989,16 +989,7 @@ func TestLearnsBytesPerToken(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := range tokenbytes.DefaultMinTokens/tokens + 1 {
-				req, _ := http.NewRequest("POST", "http://"+d.Addr()+"/v1/reports", bytes.NewReader(w.Bytes()))
-				req.Header.Set("Authorization", "Bearer tok")
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusAccepted {
-					t.Fatalf("report: %s", resp.Status)
-				}
+				postReports(t, d, &w)
 				// The engine's counter is scraped when it changes, the
 				// report applied on the index's next build: a prompt
 				// reported before it runs keeps the two in step.
@@ -1006,7 +997,8 @@ func TestLearnsBytesPerToken(t *testing.T) {
 					n, _ := metricValue(get(t, "http://"+d.Addr()+"/metrics"), `kvroute_cachesync_report_records_total{outcome="applied"}`)
 					return n == float64(i+1)
 				})
-				if resp, err = http.Post(es[0].URL()+"/v1/completions", "application/json", strings.NewReader(body)); err != nil {
+				resp, err := http.Post(es[0].URL()+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
 					t.Fatal(err)
 				}
 				resp.Body.Close()
