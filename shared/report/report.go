@@ -161,8 +161,9 @@ const MaxOutput = 1 << 24
 const MaxBytes = MaxHashes * 64
 
 // AppendRecord appends r, encoded, to dst. It refuses an empty or overlong
-// endpoint, an overlong model, more than MaxHashes hashes, and a Cached count
-// outside 0..len(Hashes); dst is then returned unchanged.
+// endpoint, an overlong model, more than MaxHashes hashes, a Cached count
+// outside 0..len(Hashes), and an Output or Bytes out of range; dst is then
+// returned unchanged.
 func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 	switch {
 	case len(r.Endpoint) == 0 || len(r.Endpoint) > MaxName:
