@@ -42,7 +42,10 @@ func onVMStart(_, size uint32) uint32 {
 	getBufferBytes(6, 0, size, unsafe.Pointer(&p), unsafe.Pointer(&n))
 	callFromAllocator = false
 	if string(unsafe.Slice(p, n)) == "sleep" {
-		time.Sleep(time.Millisecond)
+		// Long enough that the timer is still pending when the scheduler
+		// idles, even on a loaded machine: a 1 ms sleep could expire
+		// first, and then the runtime never called poll_oneoff.
+		time.Sleep(100 * time.Millisecond)
 	}
 	return 1
 }
