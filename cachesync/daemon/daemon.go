@@ -526,19 +526,26 @@ func (e *engine) cleanITL(prev, st *scrape.State, fit func(itlSample)) {
 	}
 }
 
-// bytesPerToken returns the text bytes per token to size the approximate
-// index of an engine serving models by: the ratio learned for its model,
-// else the configured one. A ratio first learned, or moved by a tenth since
-// it was last logged, is logged. With d.mu held.
+// tokenRatio returns the text bytes per token model's approximate indexes
+// are sized by, and whether it is learned (else it is -bytes-per-token).
+func (d *Daemon) tokenRatio(model string) (float64, bool) {
+	if d.cfg.LearnBytesPerToken {
+		if r, ok := d.tokenBytes.Ratio(model); ok {
+			return r, true
+		}
+	}
+	return d.cfg.BytesPerToken, false
+}
+
+// bytesPerToken returns tokenRatio for an engine serving models, and logs
+// a learned ratio when it is first learned or has moved by a tenth since
+// it was last logged. With d.mu held.
 func (d *Daemon) bytesPerToken(models []string) float64 {
-	if !d.cfg.LearnBytesPerToken || len(models) == 0 {
+	if len(models) == 0 {
 		return d.cfg.BytesPerToken
 	}
-	r, ok := d.tokenBytes.Ratio(models[0])
-	if !ok {
-		return d.cfg.BytesPerToken
-	}
-	if last := d.learned[models[0]]; math.Abs(r-last) > last/10 {
+	r, learned := d.tokenRatio(models[0])
+	if last := d.learned[models[0]]; learned && math.Abs(r-last) > last/10 {
 		d.learned[models[0]] = r
 		d.log.Info("learned bytes per token", "model", models[0], "bytes_per_token", math.Round(r*100)/100, "was", last)
 	}

@@ -215,9 +215,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		seen[st.Models[0]] = true
-		v, source := d.cfg.BytesPerToken, "configured"
-		if r, ok := d.tokenBytes.Ratio(st.Models[0]); ok && d.cfg.LearnBytesPerToken {
-			v, source = r, "learned"
+		v, learned := d.tokenRatio(st.Models[0])
+		source := "configured"
+		if learned {
+			source = "learned"
 		}
 		ch <- prometheus.MustNewConstMetric(descBytesPerToken, prometheus.GaugeValue, v, st.Models[0], source)
 	}

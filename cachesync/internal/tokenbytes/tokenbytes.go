@@ -4,7 +4,7 @@
 // tokens the engine's own metrics count it prefilling.
 //
 // The ratio depends on the tokenizer and on the traffic: about 4 for English
-// prose with a large BPE vocabulary, nearer 3 for code, 6 or more for text
+// prose with a large BPE vocabulary, fewer for code, 6 or more for text
 // made of rare tokens (the benchmark's random-token prompts). cachesync
 // sizes an approximate index by it (an engine's KV capacity is in tokens,
 // the index's in text blocks): a ratio set too low makes the index forget
