@@ -226,6 +226,7 @@ func (r *router) route(body []byte, view *snapshot.View, local loads, o routeOpt
 			Local:        local(view, r.hashes, o.session),
 			Stale:        o.stale,
 			Random:       r.next(),
+			Now:          time.Now(),
 		}
 		if o.modelAgnostic {
 			req.Model = ""

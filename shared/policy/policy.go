@@ -241,6 +241,12 @@ type Request struct {
 	// xorshift, or a hash of the request id): gateways that share it would
 	// stampede the same endpoint.
 	Random uint64
+	// Now is when the request is routed: the Picker remembers, from one
+	// request to the next, how long each endpoint's decode load has been
+	// past the saturation bar (Decode saturation, in the package doc).
+	// Zero remembers nothing: an endpoint past the bar is saturated at
+	// once.
+	Now time.Time
 }
 
 // Terms are one candidate's priced terms, for explanations.
@@ -300,7 +306,8 @@ type Picker struct {
 	cfg   Config
 	match []snapshot.Match
 	cands []cand
-	n     int // endpoints of the last Pick's snapshot, for Fallbacks
+	over  []overload // per slot, since when its decode load has been past the bar
+	n     int        // endpoints of the last Pick's snapshot, for Fallbacks
 }
 
 // New returns a Picker.
@@ -390,7 +397,7 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 	}
 	job.most = mostCached(cands)
 	if p.cfg.Mode == ModeAuto && !job.slo() {
-		d.DecodeSaturated = saturateDecode(cands)
+		d.DecodeSaturated = p.saturateDecode(m, cands, r.Now)
 	}
 	placeNew(cands, &job)
 	placeCopies(cands, &job)
@@ -422,5 +429,6 @@ func (p *Picker) grow(n int) {
 	if len(p.cands) < n {
 		p.match = make([]snapshot.Match, n)
 		p.cands = make([]cand, n)
+		p.over = append(p.over, make([]overload, n-len(p.over))...)
 	}
 }

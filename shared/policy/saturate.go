@@ -1,12 +1,19 @@
 package policy
 
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/shared/snapshot"
+)
+
 // saturateDecode marks, in ModeAuto with no SLO stated, the candidates
-// whose batch, once its queue is in it, is predicted an inter-token
-// latency more than decodeSaturation times the pool's lowest: saturated by
+// whose batch, once its queue is in it, has been predicted an inter-token
+// latency more than decodeSaturation times the pool's lowest for as long
+// as the pool's quickest batch takes to turn over (lasting): saturated by
 // their decode load. choose passes them over while any other may take the
 // request, and a saturated holder keeps no copier waiting (keepsCopiers),
 // so a holder stays sticky until its batch runs that much slower than
-// another endpoint's.
+// another endpoint's, and keeps doing so.
 //
 // The price cannot see this by itself: it prices one request, and a copy's
 // prefill, which stalls every request decoding at the copier, is paid now
@@ -22,21 +29,32 @@ package policy
 // copier's own cold prefill is its price's business, not a sign of its
 // load. And its queue counts: an engine whose cache is too full to admit
 // its queue runs a small batch fast; compared by its running requests
-// alone, it made every other endpoint look saturated, drew the whole
-// pool's traffic, and thrashed (on mixed at 64 req/s, 523 requests to it
-// against 122 to two others, its hit rate 67%, TTFT p90 188 s).
-// It returns how many it marked.
-func saturateDecode(cands []cand) int {
+// alone, it made every other endpoint look saturated, drew the pool's
+// traffic, and thrashed (on mixed at 64 req/s, 523 requests to it against
+// 122 to two others, its hit rate 67%, TTFT p90 188 s).
+//
+// Whether the ratio lasts is remembered per slot (Picker.over), as of
+// r.Now; a zero Now remembers nothing and any endpoint past the ratio is
+// saturated at once. It returns how many it marked.
+func (p *Picker) saturateDecode(m *snapshot.Manifest, cands []cand, now time.Time) int {
 	best := -1.0
 	for i := range cands {
 		if c := &cands[i]; c.eligible && (best < 0 || c.loaded < best) {
 			best = c.loaded
 		}
 	}
+	lasts := time.Duration(decodeHorizon * best * float64(time.Second))
 	n := 0
 	for i := range cands {
 		c := &cands[i]
-		c.saturated = c.eligible && c.loaded > decodeSaturation*best
+		if !c.eligible {
+			continue
+		}
+		ratio := c.loaded / best
+		c.saturated = ratio > decodeSaturation
+		if !now.IsZero() {
+			c.saturated = p.over[i].lasting(m.Endpoint(i).Since(), ratio, now, lasts)
+		}
 		if c.saturated {
 			n++
 		}
@@ -50,3 +68,46 @@ func saturateDecode(cands []cand) int {
 // of the runner-up's in 99% of decisions (1.11 on b2b-saas, 1.12 on the
 // 60% sweep); on mixed, over 1.3 in 3-18%.
 const decodeSaturation = 1.3
+
+// decodeCalm is the ratio below which an endpoint's batch is back among
+// the others' (the 1.15 above): between it and decodeSaturation, a
+// lasting load that a burst's lull dips under the bar keeps its clock.
+const decodeCalm = 1.15
+
+// overload is what a Picker remembers of one slot's decode load: since
+// when its ratio to the pool's lowest ITL has been past decodeSaturation
+// without falling under decodeCalm (zero: it is not), for the endpoint
+// that took the slot at generation slot.
+type overload struct {
+	slot uint64
+	from time.Time
+}
+
+// lasting records the slot's ratio as of now and reports whether it has
+// been past decodeSaturation for lasts.
+//
+// A load that passes is not one to release requests from a holder for:
+// each release copies a prefix to another endpoint, which then draws its
+// traffic for good. Just after a group moved between two b2b-saas engines
+// (policy item 11), the cold prefills it brought them ran their batches
+// 1.30-1.41 times the quickest's for 4-12 s, and every request released
+// then went to an engine holding none of its prompt, at two to four times
+// the holder's price: the groups were split for the rest of the run, and
+// the knee fell from 64 req/s to 56 and 24. The pool's quickest batch
+// turns over in about a chat answer's decoding at its ITL
+// (decodeHorizon); a load that outlasts that is the answers of what the
+// endpoint holds, not a stall draining.
+func (o *overload) lasting(slot uint64, ratio float64, now time.Time, lasts time.Duration) bool {
+	if o.slot != slot {
+		*o = overload{slot: slot}
+	}
+	switch {
+	case ratio > decodeSaturation:
+		if o.from.IsZero() {
+			o.from = now
+		}
+	case ratio < decodeCalm:
+		o.from = time.Time{}
+	}
+	return ratio > decodeSaturation && now.Sub(o.from) >= lasts
+}
