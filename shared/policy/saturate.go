@@ -48,6 +48,7 @@ func (p *Picker) saturateDecode(m *snapshot.Manifest, cands []cand, now time.Tim
 	for i := range cands {
 		c := &cands[i]
 		if !c.eligible {
+			p.over[i] = overload{} // what it ran before is not what it will run when back
 			continue
 		}
 		ratio := c.loaded / best
@@ -81,6 +82,7 @@ const decodeCalm = 1.15
 type overload struct {
 	slot uint64
 	from time.Time
+	seen time.Time // the last observation: a load not seen cannot be said to have lasted
 }
 
 // lasting records the slot's ratio as of now and reports whether it has
@@ -98,9 +100,10 @@ type overload struct {
 // (decodeHorizon); a load that outlasts that is the answers of what the
 // endpoint holds, not a stall draining.
 func (o *overload) lasting(slot uint64, ratio float64, now time.Time, lasts time.Duration) bool {
-	if o.slot != slot {
+	if o.slot != slot || now.Sub(o.seen) > lasts {
 		*o = overload{slot: slot}
 	}
+	o.seen = now
 	switch {
 	case ratio > decodeSaturation:
 		if o.from.IsZero() {

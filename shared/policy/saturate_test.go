@@ -21,7 +21,7 @@ func TestDecodeSaturationLasts(t *testing.T) {
 		want          Reason
 		wantSaturated int
 	}
-	const soon, later = time.Second, time.Minute // within and past the quickest batch's turnover (about 4 s here)
+	const soon, later = time.Second, time.Minute // within and well past the quickest batch's turnover (about 4 s here)
 	tests := []struct {
 		name  string
 		steps []step
@@ -30,16 +30,25 @@ func TestDecodeSaturationLasts(t *testing.T) {
 			{0, 40, 15, ReasonAffinity, 0},
 			{soon, 40, 15, ReasonAffinity, 0},
 			{2 * soon, 15, 15, ReasonAffinity, 0},
-			{later, 40, 15, ReasonAffinity, 0}, // a new stall: its clock starts again
+			{4 * soon, 40, 15, ReasonAffinity, 0}, // a new stall: its clock starts again
+			{6 * soon, 40, 15, ReasonAffinity, 0},
 		}},
 		{"a load that lasts releases", []step{
 			{0, 40, 15, ReasonAffinity, 0},
-			{later, 40, 15, ReasonSaturatedRelease, 1},
+			{2 * soon, 40, 15, ReasonAffinity, 0},
+			{5 * soon, 40, 15, ReasonSaturatedRelease, 1},
+			{6 * soon, 40, 15, ReasonSaturatedRelease, 1},
+		}},
+		{"a load not seen in between has not lasted", []step{
+			{0, 40, 15, ReasonAffinity, 0},
+			{later, 40, 15, ReasonAffinity, 0},
+			{later + soon, 40, 15, ReasonAffinity, 0},
+			{2 * later, 40, 15, ReasonAffinity, 0},
 		}},
 		{"a dip between the bars keeps the clock", []step{
 			{0, 40, 15, ReasonAffinity, 0},
-			{soon, 30, 20, ReasonAffinity, 0},
-			{later, 40, 15, ReasonSaturatedRelease, 1},
+			{2 * soon, 30, 20, ReasonAffinity, 0},
+			{5 * soon, 40, 15, ReasonSaturatedRelease, 1},
 		}},
 	}
 	start := time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC)
