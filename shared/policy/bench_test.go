@@ -129,12 +129,14 @@ func BenchmarkPick(b *testing.B) {
 				}
 				local := make([]Local, 64)
 				r := Request{Model: model, Local: local}
+				start := time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC) // the filter's path: decode saturation's clocks kept
 				var d Decision
 				b.ReportAllocs()
 				i := 0
 				for b.Loop() {
 					r.Hashes = prompts[i%len(prompts)]
 					r.Random = uint64(i) * 0x9e3779b97f4a7c15
+					r.Now = start.Add(time.Duration(i) * time.Millisecond)
 					local[i%64].PrefillTokens = int64(i % 5000)
 					d = p.Pick(bs.v, &r)
 					i++

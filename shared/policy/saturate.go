@@ -43,18 +43,18 @@ func (p *Picker) saturateDecode(m *snapshot.Manifest, cands []cand, now time.Tim
 			best = c.loaded
 		}
 	}
-	lasts := time.Duration(decodeHorizon * best * float64(time.Second))
+	lasts := int64(decodeHorizon * best * float64(time.Second))
+	at := now.UnixNano()
 	n := 0
 	for i := range cands {
 		c := &cands[i]
 		if !c.eligible {
-			p.over[i] = overload{} // what it ran before is not what it will run when back
 			continue
 		}
 		ratio := c.loaded / best
 		c.saturated = ratio > decodeSaturation
 		if !now.IsZero() {
-			c.saturated = p.over[i].lasting(m.Endpoint(i).Since(), ratio, now, lasts)
+			c.saturated = p.over[i].lasting(m.Endpoint(i).Since(), ratio, at, lasts)
 		}
 		if c.saturated {
 			n++
@@ -81,8 +81,11 @@ const decodeCalm = 1.15
 // that took the slot at generation slot.
 type overload struct {
 	slot uint64
-	from time.Time
-	seen time.Time // the last observation: a load not seen cannot be said to have lasted
+	from int64 // Unix nanoseconds, as are seen and lasting's times
+	// seen is the last observation: a load not seen for a turnover (the
+	// endpoint ineligible, for this request or for its health, or no
+	// traffic) cannot be said to have lasted.
+	seen int64
 }
 
 // lasting records the slot's ratio as of now and reports whether it has
@@ -99,18 +102,18 @@ type overload struct {
 // turns over in about a chat answer's decoding at its ITL
 // (decodeHorizon); a load that outlasts that is the answers of what the
 // endpoint holds, not a stall draining.
-func (o *overload) lasting(slot uint64, ratio float64, now time.Time, lasts time.Duration) bool {
-	if o.slot != slot || now.Sub(o.seen) > lasts {
+func (o *overload) lasting(slot uint64, ratio float64, now, lasts int64) bool {
+	if o.slot != slot || now-o.seen > lasts {
 		*o = overload{slot: slot}
 	}
 	o.seen = now
 	switch {
 	case ratio > decodeSaturation:
-		if o.from.IsZero() {
+		if o.from == 0 {
 			o.from = now
 		}
 	case ratio < decodeCalm:
-		o.from = time.Time{}
+		o.from = 0
 	}
-	return ratio > decodeSaturation && now.Sub(o.from) >= lasts
+	return ratio > decodeSaturation && now-o.from >= lasts
 }

@@ -70,13 +70,13 @@ func TestDecodeSaturationLasts(t *testing.T) {
 // TestOverloadNewOccupant: a slot taken by another endpoint starts its
 // clock afresh.
 func TestOverloadNewOccupant(t *testing.T) {
-	start := time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC)
+	start, turnover := time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC).UnixNano(), int64(time.Second)
 	var o overload
-	o.lasting(1, 1.5, start, time.Second)
-	if !o.lasting(1, 1.5, start.Add(time.Second), time.Second) {
+	o.lasting(1, 1.5, start, turnover)
+	if !o.lasting(1, 1.5, start+turnover, turnover) {
 		t.Fatal("a load past the bar for its turnover is not saturated")
 	}
-	if o.lasting(2, 1.5, start.Add(2*time.Second), time.Second) {
+	if o.lasting(2, 1.5, start+2*turnover, turnover) {
 		t.Error("a new endpoint in the slot inherited its predecessor's saturation")
 	}
 }
