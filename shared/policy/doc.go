@@ -94,10 +94,10 @@
 // takes to turn over (a passing stall, such as a moved group's cold
 // prefill, releases nothing): passed over while another endpoint may take
 // the request, for prefixes it holds and for new ones, and, holding the
-// prompt, it keeps no copier waiting. One request's price pays a copy's prefill now and
-// sees none of the decoding the copy saves the prefix's later requests, so
-// a holder whose prefixes' answers run long stays dear for good and keeps
-// them.
+// prompt, it keeps no copier waiting. One request's price pays a copy's
+// prefill now and sees none of the decoding the copy saves the prefix's
+// later requests, so a holder whose prefixes' answers run long stays dear
+// for good and keeps them.
 // With an SLO stated, the SLO is the operator's word for saturation.
 //
 // # Moved groups
