@@ -89,15 +89,15 @@
 // # Decode saturation
 //
 // In ModeAuto without SLOs, an endpoint whose batch, its queue and this
-// request included, is predicted an ITL over 1.3 times the pool's lowest
-// is saturated once that has lasted as long as the pool's quickest batch
-// takes to turn over (a passing stall, such as a moved group's cold
-// prefill, releases nothing): passed over while another endpoint may take
-// the request, for prefixes it holds and for new ones, and, holding the
-// prompt, it keeps no copier waiting. One request's price pays a copy's
-// prefill now and sees none of the decoding the copy saves the prefix's
-// later requests, so a holder whose prefixes' answers run long stays dear
-// for good and keeps them.
+// request included, is predicted an ITL over 1.3 times the pool's lowest is
+// saturated (while cachesync's planner is moving groups, only once that has
+// lasted as long as the pool's quickest batch takes to turn over, so that a
+// moved group's cold prefills release nothing): passed over while another
+// endpoint may take the request, for prefixes it holds and for new ones,
+// and, holding the prompt, it keeps no copier waiting. One request's price
+// pays a copy's prefill now and sees none of the decoding the copy saves
+// the prefix's later requests, so a holder whose prefixes' answers run long
+// stays dear for good and keeps them.
 // With an SLO stated, the SLO is the operator's word for saturation.
 //
 // # Moved groups
