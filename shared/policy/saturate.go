@@ -108,8 +108,9 @@ type overload struct {
 // endpoint holds, not a stall draining.
 //
 // Without moves the wait is not asked: the stalls it sits out were a
-// move's, and on mixed, whose long answers make loads that last, waiting
-// cost auto's goodput 0.91-0.96x in two pairs of runs.
+// move's, and elsewhere it only delays relieving a load that lasts (on
+// mixed, auto's goodput with it read 0.91-1.00x without, in three pairs of
+// runs, mostly the warm-up's placement).
 func (o *overload) lasting(slot uint64, ratio float64, now, lasts int64) bool {
 	if o.slot != slot || now-o.seen > lasts {
 		*o = overload{slot: slot}
