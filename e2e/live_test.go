@@ -468,9 +468,9 @@ func TestPlacementSeenAcrossVMsBeforeTheSnapshot(t *testing.T) {
 
 // TestDecodeSaturationInTheHeader: an engine whose batch the snapshot shows
 // decoding more than 1.3 times slower than the pool's fastest is marked
-// saturated by its decode load (at once: no group is being moved, which
-// would ask the load to last), the request goes elsewhere, and the debug
-// header says so; an idle pool marks none.
+// saturated by its decode load, at once while no group is being moved and
+// once the load has lasted while one is; the request goes elsewhere, and
+// the debug header says so; an idle pool marks none.
 func TestDecodeSaturationInTheHeader(t *testing.T) {
 	h := newHost(t, wasmhost.Fixed)
 	eps := engines(threeEndpoints...)
@@ -495,6 +495,31 @@ func TestDecodeSaturationInTheHeader(t *testing.T) {
 	}
 	if field(d, "endpoint") == busy.Addr || field(d, "decode_saturated") != "0" {
 		t.Errorf("one engine decoding 40 requests: %q, want another, not saturated, chosen", d)
+	}
+
+	// While another group is pinned (the planner is moving groups), a
+	// fresh load must last a turnover first: the filter's clock, fed by
+	// each request's time.
+	busy.Running = 0
+	f.setEndpoint(busy)
+	moving, loaded := eps[0], eps[2]
+	moving.Pins = []uint64{0x5eed}
+	loaded.Running = 40
+	f.setEndpoint(moving)
+	f.setEndpoint(loaded)
+	syncVMs(vm)
+	if d := ask("another busy engine, just now"); field(d, "decode_saturated_endpoints") != "0" {
+		t.Errorf("groups moving, one engine decoding 40 requests for a moment: %q, want none saturated yet", d)
+	}
+	// Asked twice a second, as traffic would: a load seen only once a
+	// turnover has not been seen to last.
+	d = ask("another busy engine")
+	for deadline := time.Now().Add(15 * time.Second); field(d, "decode_saturated_endpoints") != "1" && time.Now().Before(deadline); {
+		time.Sleep(500 * time.Millisecond)
+		d = ask("another busy engine")
+	}
+	if field(d, "decode_saturated_endpoints") != "1" || field(d, "endpoint") == loaded.Addr {
+		t.Errorf("groups moving, one engine decoding 40 requests for 15 s: %q, want it saturated and passed over", d)
 	}
 }
 
