@@ -24,8 +24,9 @@ import (
 // Listener must each publish under a topic of the form prefix@HOST@rest,
 // where HOST is the engine's IP or ip:port (llm-d's convention is
 // kv@<pod-ip>@<model>, set per pod with the Kubernetes downward API). A
-// Listener with a single subscriber hands it every message, whatever the
-// topic.
+// Listener with a single subscriber also hands it the messages whose topic
+// names no IP, so an engine alone on its socket may keep any topic but
+// another engine's.
 type Listener struct {
 	endpoint string
 	log      *slog.Logger
@@ -176,17 +177,22 @@ func (l *Listener) offer(r *route, m received) {
 
 // route finds the subscriber of a message; l.mu is held.
 func (l *Listener) route(frames [][]byte) *route {
-	if len(l.routes) == 1 {
-		for _, r := range l.routes {
-			return r
-		}
-	}
 	var topic []byte
 	if len(frames) > 0 {
 		topic = frames[0]
 	}
-	if r := l.byTopic(topic); r != nil {
-		return r
+	host, ip, named := topicHost(topic)
+	if named {
+		if r := l.byHost(host, ip); r != nil {
+			return r
+		}
+	} else if len(l.routes) == 1 {
+		// A topic that names no engine can only be the lone engine's. One
+		// that names another engine is not: that engine may connect before
+		// discovery attaches it, and its batches must not land on this one.
+		for _, r := range l.routes {
+			return r
+		}
 	}
 	if len(l.routes) == 0 {
 		return nil // nobody attached yet, or any more
@@ -200,24 +206,38 @@ func (l *Listener) route(frames [][]byte) *route {
 	return nil
 }
 
-// byTopic matches the HOST of prefix@HOST@rest to an engine: its ip:port,
-// else the one engine on that IP.
-func (l *Listener) byTopic(topic []byte) *route {
+// topicHost parses the HOST of prefix@HOST@rest as an IP or ip:port;
+// named is false when the topic has no such HOST.
+func topicHost(topic []byte) (host string, ip netip.Addr, named bool) {
 	_, rest, ok := bytes.Cut(topic, []byte("@"))
 	if !ok {
+		return "", ip, false
+	}
+	h, _, _ := bytes.Cut(rest, []byte("@"))
+	host = string(h)
+	if ap, err := netip.ParseAddrPort(host); err == nil {
+		return host, ap.Addr().Unmap(), true
+	}
+	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return host, a.Unmap(), true
+	}
+	return "", ip, false
+}
+
+// byTopic finds the engine a topic names; see byHost.
+func (l *Listener) byTopic(topic []byte) *route {
+	host, ip, named := topicHost(topic)
+	if !named {
 		return nil
 	}
-	host, _, _ := bytes.Cut(rest, []byte("@"))
-	if r := l.routes[string(host)]; r != nil {
+	return l.byHost(host, ip)
+}
+
+// byHost matches a topic's HOST to an engine: its ip:port, else the one
+// engine on that IP.
+func (l *Listener) byHost(host string, ip netip.Addr) *route {
+	if r := l.routes[host]; r != nil {
 		return r
-	}
-	var ip netip.Addr
-	if ap, err := netip.ParseAddrPort(string(host)); err == nil {
-		ip = ap.Addr().Unmap()
-	} else if a, err := netip.ParseAddr(strings.Trim(string(host), "[]")); err == nil {
-		ip = a.Unmap()
-	} else {
-		return nil
 	}
 	var found *route
 	for _, r := range l.routes {

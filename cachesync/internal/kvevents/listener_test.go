@@ -120,3 +120,35 @@ func TestTopicRouting(t *testing.T) {
 		}
 	}
 }
+
+// TestLoneEngineTopics: an engine alone on a Listener takes any topic that
+// names no IP, but not one naming another engine, which may be connecting
+// before discovery attaches it.
+func TestLoneEngineTopics(t *testing.T) {
+	l := listen(t)
+	if _, _, _, err := l.attach("10.0.0.1:8000", 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		topic string
+		taken bool
+	}{
+		{"", true},
+		{"kv-events", true},
+		{"kv@pod-a@m", true},
+		{"kv@10.0.0.1@m", true},
+		{"kv@10.0.0.1:9000@m", true}, // the one engine on that IP
+		{"kv@10.0.0.2@m", false},
+		{"kv@[fd00::7]:8000@m", false},
+	} {
+		l.mu.Lock()
+		r := l.route([][]byte{[]byte(tc.topic), make([]byte, 8), nil})
+		l.mu.Unlock()
+		if taken := r != nil; taken != tc.taken {
+			t.Errorf("topic %q taken: %v, want %v", tc.topic, taken, tc.taken)
+		}
+	}
+	if got := l.Stats().Unrouted; got != 2 {
+		t.Errorf("unrouted %d, want 2", got)
+	}
+}
