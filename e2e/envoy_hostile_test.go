@@ -83,6 +83,7 @@ func hostileCorpus() []hostileCase {
 // its body intact, every one moves the counter its case names, no VM fails,
 // and the VM's live heap does not grow after the first round.
 func TestEnvoyHostileInput(t *testing.T) {
+	skipUnderRace(t)
 	ups := startUpstreams(t, 3)
 	members := addrs(ups)
 	// One worker: the heap measured is one VM's, which meets every body

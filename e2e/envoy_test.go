@@ -293,6 +293,7 @@ var sharedPrefix = strings.Repeat("You are a meticulous assistant for the billin
 // TestEnvoy runs every check that can share one Envoy: V8 takes seconds to
 // compile the module, so each start is expensive.
 func TestEnvoy(t *testing.T) {
+	skipUnderRace(t)
 	ups := startUpstreams(t, 3)
 	g := startGateway(t, gatewayConfig(t, addrs(ups), nil), 2)
 	members := addrs(ups)
@@ -506,6 +507,7 @@ func TestEnvoy(t *testing.T) {
 // it and the fallback must pick a member: nothing outside the cluster is
 // ever reached through the header.
 func TestEnvoyOutsideHostUnreachable(t *testing.T) {
+	skipUnderRace(t)
 	ups := startUpstreams(t, 4)
 	members, outsider := ups[:3], ups[3]
 	plugin := append(addrs(members), outsider.addr)
@@ -546,6 +548,7 @@ func TestEnvoyOutsideHostUnreachable(t *testing.T) {
 // not by whatever Envoy's own balancing picks; the response says who
 // served it.
 func TestEnvoyRetryGoesToTheFallback(t *testing.T) {
+	skipUnderRace(t)
 	ups := startUpstreams(t, 2)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

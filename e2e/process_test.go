@@ -184,3 +184,13 @@ func (l *phasedLoad) failures(t *testing.T, names ...string) {
 		}
 	}
 }
+
+// skipUnderRace skips a test whose code under test runs outside Go's race
+// detector (in Envoy, in a module under wazero, in a cachesync process): it
+// would find nothing there, and the race pass is the longest part of CI.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceDetector {
+		t.Skip("nothing here for the race detector: the full pass runs it")
+	}
+}

@@ -19,6 +19,7 @@ import (
 // the standby within one failed fetch, and affinity holds its share of the
 // decisions throughout.
 func TestCachesyncReplicas(t *testing.T) {
+	skipUnderRace(t)
 	es := startEngines(t, 3, vllmsim.Config{NumGPUBlocks: 1024, TimeScale: 0.02})
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	a := newCachesyncProcess(t, es, addrA, "-peers", addrB)

@@ -16,6 +16,7 @@ import (
 // nothing else would show it (the time they cost is below what Envoy's
 // latency can resolve here).
 func TestRoutedRequestAllocations(t *testing.T) {
+	skipUnderRace(t)
 	code, err := os.ReadFile(wasmPath)
 	if err != nil {
 		t.Fatal(err)
