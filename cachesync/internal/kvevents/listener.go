@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -33,8 +34,10 @@ type Listener struct {
 	sock     zmq4.Socket
 
 	mu       sync.Mutex
-	routes   map[string]*route // by the engine's ip:port
-	warned   map[string]bool   // topics no route takes, logged once
+	routes   map[string]*route        // by the engine's ip:port
+	unknown  map[string]*unknownTopic // topics no route takes
+	grace    time.Duration            // how long a topic may stay unknown unlogged
+	now      func() time.Time
 	unrouted atomic.Uint64
 	dropped  atomic.Uint64
 	done     chan struct{}
@@ -52,8 +55,19 @@ type ListenerStats struct {
 	Dropped  uint64 // messages dropped because their subscriber lagged (replay fills the gap)
 }
 
-// maxWarnedTopics bounds the topics a Listener remembers having logged.
-const maxWarnedTopics = 64
+// maxUnknownTopics bounds the unknown topics a Listener keeps track of.
+const maxUnknownTopics = 64
+
+// unknownTopicGrace is how long a topic may name no attached engine before
+// it is logged: an engine's publisher connects as soon as it starts, and
+// discovery may attach the engine a poll or a watch event later.
+const unknownTopicGrace = 30 * time.Second
+
+// unknownTopic is a topic that named no attached engine when it arrived.
+type unknownTopic struct {
+	first  time.Time
+	warned bool
+}
 
 // Listen binds a SUB socket on endpoint (e.g. tcp://0.0.0.0:5557),
 // subscribed to topic ("" for every topic), and serves it until ctx ends.
@@ -76,7 +90,8 @@ func Listen(ctx context.Context, endpoint, topic string, log *slog.Logger) (*Lis
 	}
 	l := &Listener{
 		endpoint: endpoint, log: log, sock: sock,
-		routes: map[string]*route{}, warned: map[string]bool{}, done: make(chan struct{}),
+		routes: map[string]*route{}, unknown: map[string]*unknownTopic{}, grace: unknownTopicGrace, now: time.Now,
+		done: make(chan struct{}),
 	}
 	go l.serve(ctx)
 	go func() {
@@ -128,6 +143,11 @@ func (l *Listener) attach(key string, queue int) (in <-chan received, detach fun
 		return nil, nil, nil, fmt.Errorf("kvevents: engine %q attached twice to %s", key, l.endpoint)
 	}
 	l.routes[key] = r
+	for t := range l.unknown {
+		if host, ip, named := topicHost([]byte(t)); named && l.byHost(host, ip) == r {
+			delete(l.unknown, t) // it was this engine's, connected before it was found
+		}
+	}
 	detach = func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -198,12 +218,24 @@ func (l *Listener) route(frames [][]byte) *route {
 		return nil // nobody attached yet, or any more
 	}
 	l.unrouted.Add(1)
-	if t := string(topic); !l.warned[t] && len(l.warned) < maxWarnedTopics {
-		l.warned[t] = true
-		l.log.Warn("kv events: a topic names no engine on this listener; set each engine's topic to kv@<its ip>@<model>",
-			"topic", t, "engines", len(l.routes))
-	}
+	l.noteUnknown(string(topic))
 	return nil
+}
+
+// noteUnknown logs a topic once it has named no attached engine for the
+// grace period; l.mu is held.
+func (l *Listener) noteUnknown(topic string) {
+	u := l.unknown[topic]
+	switch {
+	case u == nil:
+		if len(l.unknown) < maxUnknownTopics {
+			l.unknown[topic] = &unknownTopic{first: l.now()}
+		}
+	case !u.warned && l.now().Sub(u.first) >= l.grace:
+		u.warned = true
+		l.log.Warn("kv events: a topic has named no engine on this listener since it first arrived; set each engine's topic to kv@<its ip>@<model>",
+			"topic", topic, "since", u.first, "engines", len(l.routes))
+	}
 }
 
 // topicHost parses the HOST of prefix@HOST@rest as an IP or ip:port;

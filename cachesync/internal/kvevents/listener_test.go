@@ -1,9 +1,13 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // listen binds a Listener for the test on a free port.
@@ -151,4 +155,69 @@ func TestLoneEngineTopics(t *testing.T) {
 	if got := l.Stats().Unrouted; got != 2 {
 		t.Errorf("unrouted %d, want 2", got)
 	}
+}
+
+// TestUnknownTopicLoggedWhenItLasts: a topic naming no attached engine is
+// logged only once it has lasted the grace period, and never when its
+// engine is attached within it (an engine connects as soon as it starts,
+// discovery finds it later).
+func TestUnknownTopicLoggedWhenItLasts(t *testing.T) {
+	var logs lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := Listen(ctx, "tcp://127.0.0.1:0", "", slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); <-l.done })
+	clock := time.Unix(1e9, 0)
+	l.now = func() time.Time { return clock }
+	if _, _, _, err := l.attach("10.0.0.1:8000", 1); err != nil {
+		t.Fatal(err)
+	}
+	send := func(topic string) bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.route([][]byte{[]byte(topic), make([]byte, 8), nil}) != nil
+	}
+	for _, step := range []struct {
+		after time.Duration
+		topic string
+	}{{0, "kv@10.0.0.2@m"}, {0, "kv@10.0.0.3@m"}, {10 * time.Second, "kv@10.0.0.2@m"}, {10 * time.Second, "kv@10.0.0.3@m"}} {
+		clock = clock.Add(step.after)
+		if send(step.topic) {
+			t.Fatalf("%s was routed with no engine of its own attached", step.topic)
+		}
+	}
+	if _, _, _, err := l.attach("10.0.0.2:8000", 1); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(unknownTopicGrace)
+	if !send("kv@10.0.0.2@m") {
+		t.Fatal("the engine found late does not get its topic")
+	}
+	for range 3 {
+		send("kv@10.0.0.3@m")
+	}
+	out := logs.String()
+	if n := strings.Count(out, "named no engine"); n != 1 || !strings.Contains(out, "topic=kv@10.0.0.3@m") {
+		t.Errorf("want one warning, for the topic that lasted:\n%s", out)
+	}
+}
+
+// lockedBuffer is a log destination safe for concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *lockedBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
