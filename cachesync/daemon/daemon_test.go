@@ -400,7 +400,9 @@ func freePort(t *testing.T) int {
 // socket cachesync binds, each publishing under kv@<its ip>@<model>; each
 // engine's blocks land on its own row. A third engine's publisher connects
 // somewhere else (a misconfigured endpoint): it serves requests without a
-// single event reaching cachesync, and cachesync says so, once.
+// single event reaching cachesync, and cachesync says so, once. A fourth,
+// which discovery does not know, connects to the shared socket: its
+// batches are counted as unrouted and land on no engine's row.
 func TestPreciseIndexFromConnectingPublishers(t *testing.T) {
 	listen := "tcp://127.0.0.1:" + strconv.Itoa(freePort(t))
 	elsewhere := "tcp://127.0.0.1:" + strconv.Itoa(freePort(t))
@@ -424,6 +426,12 @@ func TestPreciseIndexFromConnectingPublishers(t *testing.T) {
 		}
 		spec = append(spec, s)
 	}
+	stray, err := vllmsim.Start(t.Context(), vllmsim.Config{Host: "127.0.0.9", Model: model, NumGPUBlocks: 256, TimeScale: 0.001,
+		KVEvents: vllmsim.KVEventsConfig{EnableKVCacheEvents: true, Endpoint: listen, Topic: "kv@127.0.0.9@" + model}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stray.Close() })
 	logs := &syncLog{}
 	cfg := Config{Engines: strings.Join(spec, ","), Tokenizer: "cl100k_base", Events: discovery.EventPorts{Listen: listen}}
 	cfg.Listen = "127.0.0.1:0"
@@ -455,6 +463,17 @@ func TestPreciseIndexFromConnectingPublishers(t *testing.T) {
 		})
 		if n := f.holds(es[1-i].Addr(), hashes); n != 0 {
 			t.Errorf("engine %d holds %d blocks engine %d computed", 1-i, n, i)
+		}
+	}
+	strayBody := chat(t, stray.URL(), strings.Repeat("An engine discovery never found. ", 30), "q")
+	eventually(t, "the unknown engine's batches counted", func() bool {
+		n, _ := metricValue(get(t, "http://"+d.Addr()+"/metrics"), "kvroute_cachesync_kv_event_unrouted_total")
+		return n > 0
+	})
+	f.sync()
+	for _, e := range es[:2] {
+		if n := f.holds(e.Addr(), filterHashes(t, strayBody)); n != 0 {
+			t.Errorf("engine %s holds %d blocks of an engine nobody discovered", e.Addr(), n)
 		}
 	}
 	const warning = "engine serves requests but has sent no KV events"

@@ -71,6 +71,8 @@ var (
 	descReplayFailures = prometheus.NewDesc(ns+"kv_event_replay_failures_total", "Replays that failed.", nil, nil)
 	descReplayed       = prometheus.NewDesc(ns+"kv_event_replayed_batches_total", "Batches applied from replays.", nil, nil)
 	descDecodeErrors   = prometheus.NewDesc(ns+"kv_event_decode_errors_total", "Event messages that did not decode.", nil, nil)
+	descUnrouted       = prometheus.NewDesc(ns+"kv_event_unrouted_total", "Event messages a bound events socket (-events-listen) dropped because their topic named no engine on it: an engine not discovered yet, or a topic that is not kv@<its ip>@<model>.", nil, nil)
+	descQueueDrops     = prometheus.NewDesc(ns+"kv_event_queue_drops_total", "Event messages a bound events socket dropped because their engine's queue was full; replay refills them.", nil, nil)
 	descResets         = prometheus.NewDesc(ns+"kv_event_resets_total", "Engine index resets, by reason.", []string{"reason"}, nil)
 	descSkipped        = prometheus.NewDesc(ns+"bridge_skipped_blocks_total", "Engine blocks not indexed, by reason.", []string{"reason"}, nil)
 	descEvicted        = prometheus.NewDesc(ns+"bridge_evicted_blocks_total", "Engine blocks dropped for the bridge's capacity cap.", nil, nil)
@@ -103,7 +105,7 @@ type collector struct{ d *Daemon }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descBatches, descGaps, descReplays, descReplayFailures, descReplayed,
-		descDecodeErrors, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines,
+		descDecodeErrors, descUnrouted, descQueueDrops, descResets, descSkipped, descEvicted, descBlocks, descTextBlocks, descBridgeBytes, descEngines,
 		descHealth, descScrapes, descScrapeFailures, descScrapeSeconds, descAgreement, descCommonPrefix, descTemplates, descDiscovery, descDiscoveryErrs,
 		descPrefillRate, descSlowdown, descCalibrated, descBytesPerToken, descEngineHealth, descEnginePrecise, descEngineReqs, descEngineKV, descEngineIndex, descEnginePrefix, descEngineDemand, descMoves} {
 		ch <- d
@@ -151,6 +153,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			agree = append(agree, agreement{addr, a})
 		}
 	}
+	var bound kvevents.ListenerStats
+	for _, l := range d.listeners {
+		st := l.Stats()
+		bound.Unrouted += st.Unrouted
+		bound.Dropped += st.Dropped
+	}
 	engines := len(d.engines)
 	moves := d.moves
 	scraper := d.scraper
@@ -174,6 +182,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descReplayFailures, s.ReplayFailures)
 	counter(descReplayed, s.Replayed)
 	counter(descDecodeErrors, s.DecodeErrors)
+	counter(descUnrouted, bound.Unrouted)
+	counter(descQueueDrops, bound.Dropped)
 	for r, n := range s.Resets {
 		counter(descResets, n, kvevents.Reason(r).String())
 	}

@@ -36,7 +36,6 @@ type Listener struct {
 	mu       sync.Mutex
 	routes   map[string]*route        // by the engine's ip:port
 	unknown  map[string]*unknownTopic // topics no route takes
-	grace    time.Duration            // how long a topic may stay unknown unlogged
 	now      func() time.Time
 	unrouted atomic.Uint64
 	dropped  atomic.Uint64
@@ -90,7 +89,7 @@ func Listen(ctx context.Context, endpoint, topic string, log *slog.Logger) (*Lis
 	}
 	l := &Listener{
 		endpoint: endpoint, log: log, sock: sock,
-		routes: map[string]*route{}, unknown: map[string]*unknownTopic{}, grace: unknownTopicGrace, now: time.Now,
+		routes: map[string]*route{}, unknown: map[string]*unknownTopic{}, now: time.Now,
 		done: make(chan struct{}),
 	}
 	go l.serve(ctx)
@@ -231,7 +230,7 @@ func (l *Listener) noteUnknown(topic string) {
 		if len(l.unknown) < maxUnknownTopics {
 			l.unknown[topic] = &unknownTopic{first: l.now()}
 		}
-	case !u.warned && l.now().Sub(u.first) >= l.grace:
+	case !u.warned && l.now().Sub(u.first) >= unknownTopicGrace:
 		u.warned = true
 		l.log.Warn("kv events: a topic has named no engine on this listener since it first arrived; set each engine's topic to kv@<its ip>@<model>",
 			"topic", topic, "since", u.first, "engines", len(l.routes))
@@ -254,15 +253,6 @@ func topicHost(topic []byte) (host string, ip netip.Addr, named bool) {
 		return host, a.Unmap(), true
 	}
 	return "", ip, false
-}
-
-// byTopic finds the engine a topic names; see byHost.
-func (l *Listener) byTopic(topic []byte) *route {
-	host, ip, named := topicHost(topic)
-	if !named {
-		return nil
-	}
-	return l.byHost(host, ip)
 }
 
 // byHost matches a topic's HOST to an engine: its ip:port, else the one

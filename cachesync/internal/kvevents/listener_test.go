@@ -113,7 +113,7 @@ func TestTopicRouting(t *testing.T) {
 		{"", ""},
 	} {
 		l.mu.Lock()
-		r := l.byTopic([]byte(tc.topic))
+		r := l.route([][]byte{[]byte(tc.topic), make([]byte, 8), nil})
 		l.mu.Unlock()
 		got := ""
 		if r != nil {
