@@ -114,6 +114,18 @@ func TestFaultEngineKilledMidStream(t *testing.T) {
 	// accept a connection, and fail it as it goes.
 	var killed time.Time
 	results, es, _, g, _ := streamUnderFault(t, 300, func(es []*vllmsim.Engine) {
+		// Kill it mid-answer: a request still before its first token is
+		// retried by Envoy, not cut, and once (on a noisy host) the
+		// engine's requests were all there at the kill.
+		decoding := func() bool { return es[1].Queue().Decoding > 0 }
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if decoding() {
+				time.Sleep(30 * time.Millisecond) // some tokens out, at 0.05 time scale
+				if decoding() {
+					break
+				}
+			}
+		}
 		es[1].Close()
 		killed = time.Now()
 	})

@@ -320,3 +320,35 @@ func TestRender(t *testing.T) {
 		t.Errorf("render of an invalid request: %d", code)
 	}
 }
+
+// TestCloseCutsStreams: a closed engine fails its streams as a killed
+// process does, with the connection gone and no [DONE]; had the loop's
+// aborts gone out first, a client could not tell a killed engine from one
+// that finished.
+func TestCloseCutsStreams(t *testing.T) {
+	cfg := testConfig()
+	cfg.TimeScale = 1 // a token every few milliseconds of wall time
+	for i := range 20 {
+		e := startEngine(t, cfg)
+		resp, err := http.Post(e.URL()+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt":"a long answer, please","max_tokens":2000,"stream":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		if !sc.Scan() {
+			t.Fatalf("no first chunk: %v", sc.Err())
+		}
+		e.Close()
+		last := sc.Text()
+		for sc.Scan() {
+			if sc.Text() != "" {
+				last = sc.Text()
+			}
+		}
+		resp.Body.Close()
+		if last == "data: [DONE]" {
+			t.Fatalf("close %d: the stream ended cleanly", i)
+		}
+	}
+}
