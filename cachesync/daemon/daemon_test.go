@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/cachesync/internal/scrape"
 	"github.com/kvroute/kvroute/cachesync/internal/tokenbytes"
 	"github.com/kvroute/kvroute/e2e/vllmsim"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/shared/approx"
 	"github.com/kvroute/kvroute/shared/blockhash"
 	"github.com/kvroute/kvroute/shared/predict"
@@ -367,24 +367,6 @@ func get(t *testing.T, url string) string {
 	return string(b)
 }
 
-// syncLog collects log lines for a test to search.
-type syncLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 func freePort(t *testing.T) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -432,7 +414,7 @@ func TestPreciseIndexFromConnectingPublishers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stray.Close() })
-	logs := &syncLog{}
+	logs := &syncbuf.Buffer{}
 	cfg := Config{Engines: strings.Join(spec, ","), Tokenizer: "cl100k_base", Events: discovery.EventPorts{Listen: listen}}
 	cfg.Listen = "127.0.0.1:0"
 	cfg.SyncInterval, cfg.ScrapeInterval, cfg.ScrapeMisses = 50*time.Millisecond, 100*time.Millisecond, 2
@@ -679,7 +661,7 @@ func TestTemplateFollowsTheGateways(t *testing.T) {
 	e := es[0]
 	d := newDaemon(t, Config{Engines: e.Addr() + "?events=" + e.EventsEndpoint(), Tokenizer: "cl100k_base",
 		ReportToken: "tok", TemplateCheck: 100 * time.Millisecond})
-	logs := &syncLog{}
+	logs := &syncbuf.Buffer{}
 	d.log = slog.New(slog.NewTextHandler(logs, nil))
 	d.gatewayWindow = 500 * time.Millisecond
 	runDaemon(t, d)
@@ -771,7 +753,7 @@ func TestGptOssOnVLLM(t *testing.T) {
 	a, b := withRender[0], without[0]
 	d := newDaemon(t, Config{Engines: a.Addr() + "?events=" + a.EventsEndpoint() + "," + b.Addr() + "?events=" + b.EventsEndpoint(),
 		Tokenizer: "cl100k_base", ReportToken: "tok", TemplateCheck: 100 * time.Millisecond})
-	logs := &syncLog{}
+	logs := &syncbuf.Buffer{}
 	d.log = slog.New(slog.NewTextHandler(logs, nil))
 	d.gatewayWindow = 500 * time.Millisecond
 	runDaemon(t, d)

@@ -17,12 +17,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	funce "github.com/tetratelabs/func-e"
 	"github.com/tetratelabs/func-e/api"
 	"github.com/tetratelabs/func-e/experimental/admin"
+
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
 // PathEnv names the environment variable that points at the Envoy binary to
@@ -129,7 +130,7 @@ func (o *Options) args(configPath string) []string {
 // Process is a running Envoy.
 type Process struct {
 	admin  admin.AdminClient
-	log    *logBuffer
+	log    *syncbuf.Buffer
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error // Run's result, valid once done is closed
@@ -153,7 +154,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if err := os.WriteFile(configPath, o.Config, 0o600); err != nil {
 		return nil, fmt.Errorf("envoy: write config: %w", err)
 	}
-	log := &logBuffer{}
+	log := &syncbuf.Buffer{}
 	ready := make(chan admin.AdminClient, 1)
 	hook := func(_ context.Context, c admin.AdminClient, _ string) error {
 		ready <- c
@@ -280,22 +281,4 @@ func (p *Process) Stop() error {
 func (p *Process) kill() {
 	p.cancel()
 	<-p.done
-}
-
-// logBuffer collects Envoy's output from several writers.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

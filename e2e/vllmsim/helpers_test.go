@@ -2,7 +2,6 @@ package vllmsim
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -11,11 +10,11 @@ import (
 	"net/http"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -299,27 +298,8 @@ type pyPeer struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan map[string]any
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	exited chan struct{} // closed once the process has been waited for
-}
-
-// syncBuffer is a bytes.Buffer that a child's stderr may write to while the
-// test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // startPeer starts the Python peer. It fails the test, never skips it,
@@ -330,7 +310,7 @@ func startPeer(t *testing.T, args ...string) *pyPeer {
 	if err != nil {
 		t.Fatal("python3 is not on PATH: run make setup (pip install -r e2e/requirements.txt)")
 	}
-	p := &pyPeer{cmd: exec.Command(py, append([]string{"testdata/kvpeer.py"}, args...)...), lines: make(chan map[string]any, 1024), stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p := &pyPeer{cmd: exec.Command(py, append([]string{"testdata/kvpeer.py"}, args...)...), lines: make(chan map[string]any, 1024), stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.stderr
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {

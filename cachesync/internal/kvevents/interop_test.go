@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
 // pyPub is testdata/vllmpub.py: vLLM's publisher logic on libzmq (pyzmq)
@@ -18,20 +18,7 @@ type pyPub struct {
 	stdin       io.WriteCloser
 	lines       chan map[string]any
 	pub, replay string
-	mu          sync.Mutex
-	stderr      strings.Builder
-}
-
-func (p *pyPub) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.Write(b)
-}
-
-func (p *pyPub) errors() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
+	stderr      syncbuf.Buffer
 }
 
 func startPyPub(t *testing.T, mode, shape string) *pyPub {
@@ -42,7 +29,7 @@ func startPyPub(t *testing.T, mode, shape string) *pyPub {
 	}
 	p := &pyPub{lines: make(chan map[string]any, 64)}
 	cmd := exec.Command(py, "testdata/vllmpub.py", mode, shape)
-	cmd.Stderr = p
+	cmd.Stderr = &p.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -85,11 +72,11 @@ func (p *pyPub) next(t *testing.T) map[string]any {
 	select {
 	case m, ok := <-p.lines:
 		if !ok {
-			t.Fatalf("vllmpub.py exited: %s", p.errors())
+			t.Fatalf("vllmpub.py exited: %s", p.stderr.String())
 		}
 		return m
 	case <-time.After(30 * time.Second): // Python starts slowly on a busy machine
-		t.Fatalf("vllmpub.py is silent: %s", p.errors())
+		t.Fatalf("vllmpub.py is silent: %s", p.stderr.String())
 	}
 	return nil
 }

@@ -1,13 +1,13 @@
 package kvevents
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
 // listen binds a Listener for the test on a free port.
@@ -162,7 +162,7 @@ func TestLoneEngineTopics(t *testing.T) {
 // engine is attached within it (an engine connects as soon as it starts,
 // discovery finds it later).
 func TestUnknownTopicLoggedWhenItLasts(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	l, err := Listen(ctx, "tcp://127.0.0.1:0", "", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
@@ -202,22 +202,4 @@ func TestUnknownTopicLoggedWhenItLasts(t *testing.T) {
 	if n := strings.Count(out, "named no engine"); n != 1 || !strings.Contains(out, "topic=kv@10.0.0.3@m") {
 		t.Errorf("want one warning, for the topic that lasted:\n%s", out)
 	}
-}
-
-// lockedBuffer is a log destination safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *lockedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
