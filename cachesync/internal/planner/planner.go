@@ -14,8 +14,9 @@
 // busier of the two the most. A move is a pin (snapshot.EndpointInfo.Pins)
 // that the policy follows while the target can take the group's requests.
 //
-// It moves at most once per Cooldown in a pool, a group at most once per
-// ten minutes (restFor), only groups that recur (MinRequests), only a
+// It moves at most once per Cooldown in a pool, and in none for ten
+// minutes (restFor) after a pin there was dropped, a group at most once per
+// ten minutes, only groups that recur (MinRequests), only a
 // group whose requests go to one endpoint (a hot prefix spread over
 // several is the policy's to spread), and only for a gain of MinGain of
 // the mean, by the figures of a random half of the groups' requests and
@@ -131,6 +132,12 @@ type pin struct {
 
 type poolState struct {
 	first, last time.Time // first demand seen, last move
+	// dropped is when a pin in the pool was last dropped: its group's
+	// requests did not follow, so the pool had no room for a move (the
+	// target saturated or queued), and for restFor it makes none. On
+	// mixed, three swaps in five minutes each had their pins dropped a
+	// minute later, every one a pair of cold prefills under load.
+	dropped time.Time
 }
 
 // New returns a Planner.
@@ -241,6 +248,9 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 				// take them (saturated, slow); let the policy have them.
 				delete(p.pins, g.Key)
 				p.resting[g.Key] = now
+				if st := p.pools[name]; st != nil {
+					st.dropped = now
+				}
 				out = append(out, Move{Pool: name, Key: g.Key, From: pn.endpoint, Rate: whole[gi].rate, Dropped: true})
 			default:
 				home = i
@@ -272,7 +282,8 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 		st = &poolState{first: now}
 		p.pools[name] = st
 	}
-	if now.Sub(st.first) < p.cfg.Settle || (!st.last.IsZero() && now.Sub(st.last) < p.cfg.Cooldown) {
+	if now.Sub(st.first) < p.cfg.Settle || (!st.last.IsZero() && now.Sub(st.last) < p.cfg.Cooldown) ||
+		(!st.dropped.IsZero() && now.Sub(st.dropped) < restFor) {
 		return out
 	}
 	// A move is chosen on one half of the groups' requests and must hold

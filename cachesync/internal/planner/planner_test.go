@@ -306,3 +306,31 @@ func TestHeldOut(t *testing.T) {
 		})
 	}
 }
+
+// TestDroppedPinHoldsPool: once a pin is dropped because its group's
+// requests did not follow, the pool makes no move for restFor, however
+// unbalanced it reads: what kept the group from its target (a saturated
+// batch, a queue) keeps the next group from its target too.
+func TestDroppedPinHoldsPool(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	p := New(Config{MinGain: 0.005})
+	p.Plan(t0, b2b(), pool)
+	now := t0.Add(61 * time.Second)
+	if got := p.Plan(now, b2b(), pool); len(got) != 2 {
+		t.Fatalf("moves %+v, want a swap", got)
+	}
+	// Neither group followed; a's other groups still make it the busiest.
+	now = now.Add(61 * time.Second)
+	got := p.Plan(now, b2b(), pool)
+	if len(got) != 2 || !got[0].Dropped || !got[1].Dropped {
+		t.Fatalf("Plan = %+v, want both pins dropped and nothing moved", got)
+	}
+	for _, d := range []time.Duration{time.Minute, restFor - time.Second} {
+		if got := p.Plan(now.Add(d), b2b(), pool); len(got) != 0 {
+			t.Fatalf("%v after a dropped pin: moved %+v", d, got)
+		}
+	}
+	if got := p.Plan(now.Add(restFor+time.Second), b2b(), pool); len(got) == 0 {
+		t.Fatal("past restFor after the drop: no move in a pool still unbalanced")
+	}
+}
