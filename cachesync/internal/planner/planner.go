@@ -135,8 +135,9 @@ type poolState struct {
 	// dropped is when a pin in the pool was last dropped: its group's
 	// requests did not follow, so the pool had no room for a move (the
 	// target saturated or queued), and for restFor it makes none. On
-	// mixed, three swaps in five minutes each had their pins dropped a
-	// minute later, every one a pair of cold prefills under load.
+	// mixed, of three swaps in five minutes two had their pins dropped
+	// and one was planned at the instant of such a drop: each swap a pair
+	// of cold prefills under load.
 	dropped time.Time
 }
 
