@@ -14,11 +14,11 @@
 // busier of the two the most. A move is a pin (snapshot.EndpointInfo.Pins)
 // that the policy follows while the target can take the group's requests.
 //
-// It moves at most once per Cooldown in a pool, and in none for ten
-// minutes (restFor) after a pin there was dropped, a group at most once per
-// ten minutes, only groups that recur (MinRequests), only a
+// It moves at most once per Cooldown in a pool, and not at all for ten
+// minutes (restFor) after a pin there was dropped; a group at most once
+// per ten minutes; only groups that recur (MinRequests); only a
 // group whose requests go to one endpoint (a hot prefix spread over
-// several is the policy's to spread), and only for a gain of MinGain of
+// several is the policy's to spread); and only for a gain of MinGain of
 // the mean, by the figures of a random half of the groups' requests and
 // again by the other half's: each move costs the target a cold prefill of
 // the group's prefix.
