@@ -231,14 +231,25 @@ func affineTo(decision, addr string) bool {
 
 func waitFor(t testing.TB, within time.Duration, what string, f func() bool) time.Duration {
 	t.Helper()
+	took, ok := poll(within, f)
+	if !ok {
+		t.Fatalf("timed out after %v waiting for %s", within, what)
+	}
+	return took
+}
+
+// poll calls f until it reports true or within has passed, and returns how
+// long that took and whether f came true: for a test whose failure must
+// say more than that it timed out.
+func poll(within time.Duration, f func() bool) (time.Duration, bool) {
 	start := time.Now()
 	for !f() {
 		if time.Since(start) > within {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
+			return time.Since(start), false
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return time.Since(start)
+	return time.Since(start), true
 }
 
 func TestCachesyncEventsDriveRouting(t *testing.T) {
