@@ -903,7 +903,9 @@ func TestMovesGroups(t *testing.T) {
 	var w report.Writer
 	group := func(g uint64) []uint64 { return []uint64{g<<8 | 1, g<<8 | 2} } // keys g<<8|2
 	for g, to := range []int{0, 0, 0, 1} {
-		for range 6 { // past planner.Config.MinRequests, decayed
+		// Past planner.Config.MinRequests, decayed, and enough for four
+		// groups' rates, each read from a random half, to be sure of.
+		for range 40 {
 			if err := w.Add(&report.Record{Endpoint: es[to].Addr(), Model: model, Hashes: group(uint64(g)), Output: 300}); err != nil {
 				t.Fatal(err)
 			}

@@ -66,7 +66,12 @@ type Config struct {
 	// MaxPins bounds the pins of one endpoint (snapshot.MaxPins).
 	MaxPins int
 	// Sureness is how many standard errors of the loads it changes a
-	// move's gain must exceed. Default 2.
+	// move's gain must exceed. Default 1.25: with the shrunk rates'
+	// variance as estimates (below), it evened 28-36 of the 34-40 simulated
+	// b2b-saas pools in a hundred that began more than 5% unbalanced (four
+	// hundreds), and no plan on 800 simulated code-gen pools left the
+	// busiest busier; at 1, 3 plans did in 400; at 1.5, as few as 25 of 34
+	// evened.
 	Sureness float64
 }
 
@@ -93,7 +98,7 @@ func (c *Config) defaults() {
 		c.MaxPins = snapshot.MaxPins
 	}
 	if c.Sureness <= 0 {
-		c.Sureness = 2
+		c.Sureness = 1.25
 	}
 }
 
@@ -428,6 +433,15 @@ type estimate struct{ rate, variance float64 }
 // its own rate. The rates are estimated over minutes; at 0.5 requests a
 // second a group's count still swings by a tenth, more than the spread of
 // answers the planner is for.
+//
+// How far to shrink is itself an estimate, from a handful of groups, so
+// a shrunk rate is not as sure as the pool's mean: its variance is
+// Morris's (1983), which keeps a share of the group's own deviation. Taken
+// as the shrunk Poisson variance alone (weight² of it), a pool whose groups
+// really differ by less than the noise (code-gen sends the same 96
+// prompts each stage, its groups 10 to 14 of them) read as equal groups
+// known to a few percent, and 6 of 22 plans on simulated code-gen pools
+// left the busiest engine busier (TestSimulatedUnequalGroups).
 func (p *Planner) estimates(groups []demand.Group, idx map[string]int, half int) []estimate {
 	out := make([]estimate, len(groups))
 	samples := make([]demand.Sample, len(groups))
@@ -477,8 +491,10 @@ func (p *Planner) estimates(groups []demand.Group, idx map[string]int, half int)
 			continue
 		}
 		if n >= minShrunk && groups[gi].Requests >= seenAgain {
-			s.Arrivals = mean + weight*(s.Arrivals-mean)
-			s.ArrivalsVar *= weight * weight
+			dev, shrink := s.Arrivals-mean, 1-weight
+			s.Arrivals = mean + weight*dev
+			s.ArrivalsVar = s.ArrivalsVar*(1-float64(n-1)/float64(n)*shrink) +
+				2/float64(n-3)*shrink*shrink*dev*dev
 		}
 		rate, v := s.Demand()
 		out[gi] = estimate{f * rate, f * f * v}
@@ -496,7 +512,8 @@ func (p *Planner) estimates(groups []demand.Group, idx map[string]int, half int)
 const seenAgain = 2
 
 // minShrunk is the fewest recurring groups whose spread of arrival rates
-// is worth reading; with fewer, each keeps its own.
+// is worth reading; with fewer, each keeps its own. At least 4: the
+// shrunk rates' variance divides by the count less 3.
 const minShrunk = 4
 
 // pin pins key to endpoint unless the endpoint has MaxPins already, and

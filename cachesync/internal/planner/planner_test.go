@@ -55,8 +55,13 @@ func b2b() []demand.Group {
 // of its answers at 1 request a second; scaled by chance, their measured
 // arrivals swing by the Poisson noise of a 30 s sample (±18%), and a's four
 // came in 15% above the rest. Groups 1 and 5 read their true rate.
-func noisy(chance float64) []demand.Group {
+func noisy(chance float64) []demand.Group { return noisyOver(chance, 30) }
+
+// noisyOver is noisy with the arrivals measured over seconds: the same
+// swings, scaled to that sample's noise.
+func noisyOver(chance, seconds float64) []demand.Group {
 	swing := []float64{1.15, 1.2, 1.1, 1.15, 1, 0.82, 0.95, 1.03, 0.85, 1.05, 0.9, 1, 0.8, 1.1, 0.95, 0.98}
+	chance *= math.Sqrt(30 / seconds)
 	gs := make([]demand.Group, 16)
 	for i := range gs {
 		key := uint64(i + 1)
@@ -64,8 +69,23 @@ func noisy(chance float64) []demand.Group {
 		if key != 1 && key != 5 {
 			gs[i].Arrivals = 1 + chance*(swing[i]-1)
 		}
-		gs[i].ArrivalsVar = 1.0 / 30
+		gs[i].ArrivalsVar = 1 / seconds
 		gs[i].Rate = gs[i].Arrivals * 145
+		gs[i].Shares[0].Rate = gs[i].Rate
+	}
+	return sorted(gs...)
+}
+
+// b2bThrough is b2b-saas's answers with the arrivals of swing's groups.
+func b2bThrough(swing []demand.Group) []demand.Group {
+	gs := b2b()
+	for i := range gs {
+		for _, n := range swing {
+			if n.Key == gs[i].Key {
+				gs[i].Arrivals, gs[i].ArrivalsVar = n.Arrivals, n.ArrivalsVar
+			}
+		}
+		gs[i].Rate = gs[i].Arrivals * gs[i].Answer
 		gs[i].Shares[0].Rate = gs[i].Rate
 	}
 	return sorted(gs...)
@@ -116,19 +136,9 @@ func TestPlan(t *testing.T) {
 			return sorted(gs...)
 		}(), nil},
 		{"equal groups whose arrivals ran hot and cold by chance: no move", noisy(1), nil},
-		{"b2b-saas's answers read through the same chance arrivals: the same swap", func() []demand.Group {
-			gs, swing := b2b(), noisy(1)
-			for i := range gs {
-				for _, n := range swing {
-					if n.Key == gs[i].Key {
-						gs[i].Arrivals, gs[i].ArrivalsVar = n.Arrivals, n.ArrivalsVar
-					}
-				}
-				gs[i].Rate = gs[i].Arrivals * gs[i].Answer
-				gs[i].Shares[0].Rate = gs[i].Rate
-			}
-			return sorted(gs...)
-		}(), []Move{{Pool: "m|65536", Key: 1, From: "a", To: "b", Rate: 162.77}, {Pool: "m|65536", Key: 5, From: "b", To: "a", Rate: 129.03}}},
+		{"b2b-saas's answers read through 30 s of those chance arrivals: too unsure to move", b2bThrough(noisy(1)), nil},
+		{"b2b-saas's answers read through 5 minutes of chance arrivals: the same swap", b2bThrough(noisyOver(1, 300)),
+			[]Move{{Pool: "m|65536", Key: 1, From: "a", To: "b", Rate: 163.61}, {Pool: "m|65536", Key: 5, From: "b", To: "a", Rate: 129.69}}},
 		{"groups that really draw more traffic keep most of it: one swapped off", func() []demand.Group {
 			gs := noisy(0)
 			for i := range gs {
