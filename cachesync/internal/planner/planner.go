@@ -66,12 +66,12 @@ type Config struct {
 	// MaxPins bounds the pins of one endpoint (snapshot.MaxPins).
 	MaxPins int
 	// Sureness is how many standard errors of the loads it changes a
-	// move's gain must exceed. Default 1.25: with the shrunk rates'
-	// variance as estimates (below), it evened 28-36 of the 34-40 simulated
-	// b2b-saas pools in a hundred that began more than 5% unbalanced (four
-	// hundreds), and no plan on 800 simulated code-gen pools left the
-	// busiest busier; at 1, 3 plans did in 400; at 1.5, as few as 25 of 34
-	// evened.
+	// move's gain must exceed. Default 1.25: with each shrunk rate's
+	// variance as estimates gives it, in each of four hundreds of simulated
+	// b2b-saas pools 28-36 of the 34-40 that began more than 5% unbalanced
+	// were evened, and no plan on 800 simulated code-gen pools left the
+	// busiest endpoint busier; at 1, 3 plans did in 400; at 1.5, as few as
+	// 25 of 34 were evened.
 	Sureness float64
 }
 
