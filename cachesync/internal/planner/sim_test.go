@@ -33,6 +33,8 @@ func newSimPool(seed uint64) *simPool {
 	return newSimPoolOf(seed, 16, 5, 100, 200, nil)
 }
 
+// newSimPoolOf is a pool of groups of prompts prompts each, answers of
+// minAnswer-maxAnswer tokens and traffic by weight (nil: equal).
 func newSimPoolOf(seed uint64, groups, prompts, minAnswer, maxAnswer int, weight []float64) *simPool {
 	s := &simPool{rng: rand.New(rand.NewPCG(seed, 7)), eps: []string{"a", "b", "c", "d"}, weight: weight}
 	if s.weight == nil {
