@@ -900,8 +900,63 @@ func TestMovesGroups(t *testing.T) {
 	d := startDaemon(t, Config{Engines: es[0].Addr() + "," + es[1].Addr(), ReportToken: "tok", MoveGroups: true, MoveCooldown: 300 * time.Millisecond})
 	f := newFetcher(t, d)
 	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
+	postUnevenGroups(t, d, es)
+	eventually(t, "a group of the busy engine pinned to the other", func() bool { return movedTo(f, es[1].Addr()) })
+	if got, ok := metricValue(get(t, "http://"+d.Addr()+"/metrics"), "kvroute_cachesync_group_moves_total"); !ok || got != 1 {
+		t.Errorf("group moves %v (found %v), want 1", got, ok)
+	}
+}
+
+// TestMoveWaitsForRoom: a move waits while its target's KV cache is
+// nearly full, as its engine's metrics say, and is made once the cache
+// frees.
+func TestMoveWaitsForRoom(t *testing.T) {
+	// Real time, so that the request filling the target's cache runs
+	// until it is cancelled.
+	es, err := vllmsim.StartN(t.Context(), 2, vllmsim.Config{Model: model, NumGPUBlocks: 256, TimeScale: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, Config{Engines: es[0].Addr() + "," + es[1].Addr(), ReportToken: "tok", MoveGroups: true, MoveCooldown: 300 * time.Millisecond})
+	f := newFetcher(t, d)
+	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
+	// 3,400 prompt tokens and 600 to answer: 213 or more of 256 blocks.
+	ctx, cancel := context.WithCancel(t.Context())
+	body := `{"model":"` + model + `","prompt":"` + strings.Repeat(" hello", 3400) + `","max_tokens":600,"stream":true}`
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+es[1].Addr()+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	usage := func() float64 {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.engines[es[1].Addr()].last.KVCacheUsage
+	}
+	eventually(t, "the target's cache scraped over 80% full", func() bool { return usage() > 0.8 })
+	postUnevenGroups(t, d, es)
+	// The planner's first move may come 0.6 s after the first demand
+	// (twice the cooldown); give it three times that.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if u := usage(); u <= 0.8 {
+			t.Fatalf("the target's cache read %.2f full before the wait was tested", u)
+		}
+		if movedTo(f, es[1].Addr()) {
+			t.Fatalf("a group moved to an engine whose cache is %.0f%% full", 100*usage())
+		}
+	}
+	cancel()
+	eventually(t, "a group moved once the target's cache freed", func() bool { return movedTo(f, es[1].Addr()) })
+}
+
+// postUnevenGroups reports three groups' requests at es[0] and one's at
+// es[1], each group's first blocks keyed g<<8|2.
+func postUnevenGroups(t *testing.T, d *Daemon, es []*vllmsim.Engine) {
+	t.Helper()
 	var w report.Writer
-	group := func(g uint64) []uint64 { return []uint64{g<<8 | 1, g<<8 | 2} } // keys g<<8|2
+	group := func(g uint64) []uint64 { return []uint64{g<<8 | 1, g<<8 | 2} }
 	for g, to := range []int{0, 0, 0, 1} {
 		// Past planner.Config.MinRequests, decayed, and enough for four
 		// groups' rates, each read from a random half, to be sure of.
@@ -912,22 +967,22 @@ func TestMovesGroups(t *testing.T) {
 		}
 	}
 	postReports(t, d, &w)
-	eventually(t, "a group of the busy engine pinned to the other", func() bool {
-		f.sync()
-		m := f.view.Manifest()
-		if m == nil {
-			return false
-		}
-		for g := range uint64(3) {
-			if slot, ok := m.Pinned(g<<8 | 2); ok && m.Endpoint(slot).Addr() == es[1].Addr() {
-				return true
-			}
-		}
+}
+
+// movedTo reports whether the snapshot f follows pins one of
+// postUnevenGroups' groups of es[0] to addr.
+func movedTo(f *fetcher, addr string) bool {
+	f.sync()
+	m := f.view.Manifest()
+	if m == nil {
 		return false
-	})
-	if got, ok := metricValue(get(t, "http://"+d.Addr()+"/metrics"), "kvroute_cachesync_group_moves_total"); !ok || got != 1 {
-		t.Errorf("group moves %v (found %v), want 1", got, ok)
 	}
+	for g := range uint64(3) {
+		if slot, ok := m.Pinned(g<<8 | 2); ok && m.Endpoint(slot).Addr() == addr {
+			return true
+		}
+	}
+	return false
 }
 
 // postReports sends w's batch to d with the token "tok" and requires it

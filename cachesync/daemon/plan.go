@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/cachesync/internal/planner"
+
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
@@ -17,11 +19,12 @@ var descMoves = prometheus.NewDesc(ns+"group_moves_total",
 // engines, by the demand the gateways' reports show; d.mu is held. The
 // pins reach the snapshot as each engine's row is next updated.
 func (d *Daemon) plan(now time.Time) {
-	pools := map[string][]string{}
+	pools := map[string][]planner.Endpoint{}
 	for addr, e := range d.engines {
 		if e.scraped && e.last.Health == snapshot.HealthHealthy && !e.d.Draining {
 			if dep := d.models.deploymentOf(addr); dep != "" {
-				pools[dep] = append(pools[dep], addr)
+				pools[dep] = append(pools[dep], planner.Endpoint{Addr: addr, Waiting: e.last.Waiting,
+					KVCacheUsage: e.last.KVCacheUsage})
 			}
 		}
 	}
@@ -34,6 +37,7 @@ func (d *Daemon) plan(now time.Time) {
 		}
 		d.moves++
 		d.log.Info("moved a prompt group", "deployment", m.Pool, "group", group,
-			"from", m.From, "to", m.To, "output_tokens_per_second", m.Rate)
+			"from", m.From, "to", m.To, "output_tokens_per_second", m.Rate,
+			"target_kv_cache_usage", d.engines[m.To].last.KVCacheUsage)
 	}
 }

@@ -13,6 +13,9 @@
 // swaps two, between it and another endpoint, whichever lowers the
 // busier of the two the most. A move is a pin (snapshot.EndpointInfo.Pins)
 // that the policy follows while the target can take the group's requests.
+// A move waits for room: an endpoint takes a moved group only while its
+// engine queues nothing and its KV cache is neither nearly full
+// (Config.Room) nor filling.
 //
 // It moves at most once per Cooldown in a pool, and not at all for ten
 // minutes (restFor) after a pin there was dropped; a group at most once
@@ -74,6 +77,18 @@ type Config struct {
 	// and still no losing plan; at 1, 3 losing plans in 400 code-gen pools;
 	// at 1.5, as few as 25 of 34 b2b-saas pools evened.
 	Sureness float64
+	// Room is the most KV-cache usage at which an endpoint takes a moved
+	// group (a move's target, either end of a swap), and then only with no
+	// request waiting and its usage not rising (filling). Default 0.8. The
+	// group's first request there prefills its whole prefix cold, and until
+	// the requests of the groups it had end, the engine holds their
+	// prefixes and the new one; on a full cache the batch's next decode
+	// steps find no blocks and the engine preempts. b2b-saas's engines ran
+	// 77% full at 24 req/s, where swaps cost nothing the bench could see,
+	// and 90% at 48, where one preempted 120 requests and put that stage's
+	// TTFT p90 at 3.8 s (a group's prefix is 11% of the cache there).
+	// Past the room, a move waits for a quieter minute.
+	Room float64
 }
 
 func (c *Config) defaults() {
@@ -101,6 +116,35 @@ func (c *Config) defaults() {
 	if c.Sureness <= 0 {
 		c.Sureness = 1.25
 	}
+	if c.Room <= 0 {
+		c.Room = 0.8
+	}
+}
+
+// Endpoint is an endpoint of a pool as the planner sees it: its address
+// and the load its engine last reported, which says whether it has room
+// for a moved group (Config.Room).
+type Endpoint struct {
+	Addr         string
+	Waiting      int     // requests queued at the engine
+	KVCacheUsage float64 // the fraction of its KV-cache blocks in use
+}
+
+// A cache filling is one whose usage reads more than fillingBy above its
+// mean over fillTime, about the life of a request: its batch is growing,
+// and what it holds now says little of what it will hold when a moved
+// group's first requests land. On b2b-saas a swap made 2 s into the 48
+// req/s stage, its targets' caches 78% full on their way to 90%,
+// preempted 350 requests in that stage.
+const (
+	fillingBy = 0.05
+	fillTime  = 5 * time.Second
+)
+
+// usageMean is an endpoint's KV-cache usage averaged over fillTime.
+type usageMean struct {
+	mean float64
+	at   time.Time
 }
 
 // homeShare is the share of a group's demand one endpoint must draw for
@@ -119,6 +163,7 @@ type Planner struct {
 	// resting are the groups moved, or whose pin was dropped, and when:
 	// not moved again for restFor.
 	resting map[uint64]time.Time
+	usage   map[string]*usageMean // by endpoint
 }
 
 // restFor is how long a group is left where it is after a move, or after
@@ -150,7 +195,8 @@ type poolState struct {
 // New returns a Planner.
 func New(cfg Config) *Planner {
 	cfg.defaults()
-	return &Planner{cfg: cfg, pins: map[uint64]pin{}, pools: map[string]*poolState{}, resting: map[uint64]time.Time{}}
+	return &Planner{cfg: cfg, pins: map[uint64]pin{}, pools: map[string]*poolState{}, resting: map[uint64]time.Time{},
+		usage: map[string]*usageMean{}}
 }
 
 // Move is one group moved, or a move undone.
@@ -168,11 +214,17 @@ type Move struct {
 // requests) with the groups' demand as of now, drops the pins that no
 // longer hold, and makes at most one move or swap per pool. It returns the
 // moves made, and the pins dropped because their groups did not follow.
-func (p *Planner) Plan(now time.Time, groups []demand.Group, pools map[string][]string) []Move {
+func (p *Planner) Plan(now time.Time, groups []demand.Group, pools map[string][]Endpoint) []Move {
 	poolOf := map[string]string{}
 	for name, eps := range pools {
 		for _, e := range eps {
-			poolOf[e] = name
+			poolOf[e.Addr] = name
+			p.observe(e, now)
+		}
+	}
+	for addr := range p.usage {
+		if poolOf[addr] == "" {
+			delete(p.usage, addr)
 		}
 	}
 	seen := make(map[uint64]bool, len(groups))
@@ -222,10 +274,13 @@ type place struct {
 // candidate is a move, or a swap of g (from a to b) and h (from b to a).
 type candidate struct{ g, h, a, b int }
 
-func (p *Planner) planPool(now time.Time, name string, eps []string, groups []demand.Group, out []Move) []Move {
+func (p *Planner) planPool(now time.Time, name string, eps []Endpoint, groups []demand.Group, out []Move) []Move {
 	idx := make(map[string]int, len(eps))
+	roomy := make([]bool, len(eps))
 	for i, e := range eps {
-		idx[e] = i
+		idx[e.Addr] = i
+		roomy[i] = e.Waiting == 0 && e.KVCacheUsage <= p.cfg.Room &&
+			e.KVCacheUsage <= p.usage[e.Addr].mean+fillingBy
 	}
 	whole := p.estimates(groups, idx, -1)
 	places := make([]place, len(groups))
@@ -299,19 +354,20 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 	// carries none of that luck.
 	halves := [2][]estimate{p.estimates(groups, idx, 0), p.estimates(groups, idx, 1)}
 	for h := range halves {
-		c, ok := p.choose(places, members, halves[h], len(eps))
+		c, ok := p.choose(places, members, halves[h], roomy)
 		if !ok || !p.holds(c, places, members, halves[1-h], len(eps)) {
 			continue
 		}
 		g := members[c.g]
-		if !p.pin(groups[g.gi].Key, eps[c.b], now) {
+		a, b := eps[c.a].Addr, eps[c.b].Addr
+		if !p.pin(groups[g.gi].Key, b, now) {
 			return out
 		}
-		out = append(out, Move{Pool: name, Key: groups[g.gi].Key, From: eps[c.a], To: eps[c.b], Rate: whole[g.gi].rate})
+		out = append(out, Move{Pool: name, Key: groups[g.gi].Key, From: a, To: b, Rate: whole[g.gi].rate})
 		if c.h >= 0 {
 			m := members[c.h]
-			if p.pin(groups[m.gi].Key, eps[c.a], now) {
-				out = append(out, Move{Pool: name, Key: groups[m.gi].Key, From: eps[c.b], To: eps[c.a],
+			if p.pin(groups[m.gi].Key, a, now) {
+				out = append(out, Move{Pool: name, Key: groups[m.gi].Key, From: b, To: a,
 					Rate: whole[m.gi].rate})
 			}
 		}
@@ -319,6 +375,19 @@ func (p *Planner) planPool(now time.Time, name string, eps []string, groups []de
 		return out
 	}
 	return out
+}
+
+// observe folds e's KV-cache usage as of now into its mean.
+func (p *Planner) observe(e Endpoint, now time.Time) {
+	u := p.usage[e.Addr]
+	if u == nil {
+		p.usage[e.Addr] = &usageMean{e.KVCacheUsage, now}
+		return
+	}
+	if dt := now.Sub(u.at); dt > 0 {
+		u.mean += (1 - math.Exp(-dt.Seconds()/fillTime.Seconds())) * (e.KVCacheUsage - u.mean)
+		u.at = now
+	}
 }
 
 // loads returns each endpoint's demand, and the variance of its estimate,
@@ -342,7 +411,7 @@ func loads(places []place, est []estimate, n int) (load, variance []float64) {
 
 // choose returns the best move or swap off the busiest endpoint by the
 // estimates est, if the pool is unbalanced past the threshold and one
-// gains enough.
+// gains enough, onto an endpoint with room for it (roomy, by endpoint).
 //
 // The best single move and the best swap are each judged by the busier of
 // their two endpoints after them; a swap must beat the single move by the
@@ -350,7 +419,8 @@ func loads(places []place, est []estimate, n int) (load, variance []float64) {
 // gain twice MinGain). Every move must gain more than Sureness standard
 // errors of the two loads it changes, so that what it evens out is the
 // groups' answers and traffic, not the estimates' noise.
-func (p *Planner) choose(places []place, members []member, est []estimate, n int) (candidate, bool) {
+func (p *Planner) choose(places []place, members []member, est []estimate, roomy []bool) (candidate, bool) {
+	n := len(roomy)
 	load, loadVar := loads(places, est, n)
 	mean := 0.0
 	for _, l := range load {
@@ -370,7 +440,7 @@ func (p *Planner) choose(places []place, members []member, est []estimate, n int
 	single, swap := load[a]-gain, load[a]-gain
 	best, bestSwap := candidate{g: -1, h: -1}, candidate{g: -1}
 	for b := range n {
-		if b == a {
+		if b == a || !roomy[b] {
 			continue
 		}
 		sure := load[a] - p.cfg.Sureness*math.Sqrt(loadVar[a]+loadVar[b])
@@ -384,7 +454,7 @@ func (p *Planner) choose(places []place, members []member, est []estimate, n int
 			}
 			for hi, h := range members {
 				rh := est[h.gi].rate
-				if h.home != b || rh >= rg {
+				if h.home != b || rh >= rg || !roomy[a] {
 					continue
 				}
 				if m := max(load[a]-rg+rh, load[b]+rg-rh); m < swap && m < sure {

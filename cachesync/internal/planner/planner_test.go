@@ -3,6 +3,7 @@ package planner
 import (
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,16 @@ func sorted(gs ...demand.Group) []demand.Group {
 	return gs
 }
 
-var pool = map[string][]string{"m|65536": {"a", "b", "c", "d"}}
+var pool = map[string][]Endpoint{"m|65536": idle("a", "b", "c", "d")}
+
+// idle returns endpoints of addrs with room for any move.
+func idle(addrs ...string) []Endpoint {
+	eps := make([]Endpoint, len(addrs))
+	for i, a := range addrs {
+		eps[i] = Endpoint{Addr: a}
+	}
+	return eps
+}
 
 // b2b is b2b-saas's case: four groups a engine, the four longest
 // answering on a (620 tokens/s against a mean of 587.5).
@@ -207,7 +217,7 @@ func TestPinsLast(t *testing.T) {
 		t.Fatalf("pins a %v, b %v; want group 5's at a, not group 1's at b", p.Pins("a"), p.Pins("b"))
 	}
 	// The endpoint leaves the pool: its pins go.
-	p.Plan(now.Add(62*time.Second), followed, map[string][]string{"m|65536": {"b", "c", "d"}})
+	p.Plan(now.Add(62*time.Second), followed, map[string][]Endpoint{"m|65536": idle("b", "c", "d")})
 	if len(p.Pins("a")) != 0 {
 		t.Fatalf("pins of a gone endpoint: %v", p.Pins("a"))
 	}
@@ -342,5 +352,101 @@ func TestDroppedPinHoldsPool(t *testing.T) {
 	}
 	if got := p.Plan(now.Add(restFor+time.Second), b2b(), pool); len(got) == 0 {
 		t.Fatal("past restFor after the drop: no move in a pool still unbalanced")
+	}
+}
+
+// TestMovesWaitForRoom: an endpoint takes a moved group only while its
+// engine queues nothing and has most of its KV cache free; the move waits
+// for that room, and is made once it comes.
+func TestMovesWaitForRoom(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	full := func(eps []Endpoint, usage float64, waiting int, addrs ...string) []Endpoint {
+		out := slices.Clone(eps)
+		for i := range out {
+			if slices.Contains(addrs, out[i].Addr) {
+				out[i].KVCacheUsage, out[i].Waiting = usage, waiting
+			}
+		}
+		return out
+	}
+	all := idle("a", "b", "c", "d")
+	// b2b-saas's case moves only by the swap of a and b; with a fifth,
+	// small group at a, moving it alone to b, c or d all gain, b the most.
+	fifth := func() []demand.Group { return sorted(append(b2b(), at(17, "a", 60))...) }
+	tests := []struct {
+		name   string
+		groups func() []demand.Group
+		eps    []Endpoint
+		// want is what the moves may touch: from and to, sorted, or none.
+		want []string
+	}{
+		{"room everywhere: a swap with b", b2b, all, []string{"a", "b"}},
+		{"b 80% full: still the swap", b2b, full(all, 0.8, 0, "b"), []string{"a", "b"}},
+		{"b 85% full: the swap waits", b2b, full(all, 0.85, 0, "b"), nil},
+		{"a request waits at b: the swap waits", b2b, full(all, 0.1, 1, "b"), nil},
+		{"a 90% full: no swap, which brings it a group back", b2b, full(all, 0.9, 0, "a"), nil},
+		{"a fifth group: it goes to b", fifth, all, []string{"a", "b"}},
+		{"b 85% full: the fifth goes where there is room", fifth, full(all, 0.85, 0, "b"), []string{"a", "c|d"}},
+		{"a 90% full: a may still shed it", fifth, full(all, 0.9, 0, "a"), []string{"a", "b"}},
+		{"no room at b, c or d: no move", fifth, full(all, 0.9, 0, "b", "c", "d"), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := New(Config{})
+			pools := map[string][]Endpoint{"m|65536": tt.eps}
+			p.Plan(t0, tt.groups(), pools)
+			got := p.Plan(t0.Add(61*time.Second), tt.groups(), pools)
+			if tt.want == nil {
+				if len(got) != 0 {
+					t.Fatalf("moves %+v onto endpoints without room", got)
+				}
+				return
+			}
+			if len(got) == 0 {
+				t.Fatalf("no move, want one between %v", tt.want)
+			}
+			for _, m := range got {
+				ends := []string{m.From, m.To}
+				slices.Sort(ends)
+				if ends[0] != tt.want[0] || !slices.Contains(strings.Split(tt.want[1], "|"), ends[1]) {
+					t.Errorf("move %+v, want one between %v", m, tt.want)
+				}
+			}
+		})
+	}
+	// A cache filling (a stage's first seconds) is not room, however much
+	// is free: the swap waits until b's usage levels.
+	t.Run("b filling", func(t *testing.T) {
+		p := New(Config{})
+		at := func(s int, usage float64) []Move {
+			return p.Plan(t0.Add(time.Duration(s)*time.Second), b2b(), map[string][]Endpoint{"m|65536": full(all, usage, 0, "b")})
+		}
+		for s := range 60 {
+			at(s, 0.1)
+		}
+		for s := 60; s < 63; s++ {
+			if got := at(s, 0.1+0.2*float64(s-59)); len(got) != 0 {
+				t.Fatalf("at %d s: moves %+v onto a cache filling", s, got)
+			}
+		}
+		var got []Move
+		for s := 63; s < 90 && len(got) == 0; s++ {
+			got = at(s, 0.7)
+		}
+		if len(got) != 2 {
+			t.Fatalf("moves %+v, want the swap once b's usage levelled at 70%%", got)
+		}
+	})
+	// The room comes back: the waiting move is made then.
+	p := New(Config{})
+	busy := map[string][]Endpoint{"m|65536": full(all, 0.9, 0, "b", "c", "d")}
+	p.Plan(t0, b2b(), busy)
+	for s := 61; s < 120; s += 10 {
+		if got := p.Plan(t0.Add(time.Duration(s)*time.Second), b2b(), busy); len(got) != 0 {
+			t.Fatalf("at %d s: moves %+v onto endpoints without room", s, got)
+		}
+	}
+	if got := p.Plan(t0.Add(121*time.Second), b2b(), pool); len(got) != 2 {
+		t.Fatalf("once room came: moves %+v, want the swap", got)
 	}
 }

@@ -92,7 +92,7 @@ func (s *simPool) pick() int {
 func (s *simPool) run(p *Planner, tr *demand.Tracker, start time.Time, d time.Duration, rate float64) []float64 {
 	var changes []float64
 	now, nextPlan, end := start, start, start.Add(d)
-	pools := map[string][]string{"m": s.eps}
+	pools := map[string][]Endpoint{"m": idle(s.eps...)}
 	for {
 		next := end
 		if rate > 0 {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -28,6 +29,30 @@ func TestKibs(t *testing.T) {
 		}
 		if err != nil || !slices.Equal(got, tt.want) {
 			t.Errorf("kibs(%q) = %v, %v; want %v", tt.list, got, err, tt.want)
+		}
+	}
+}
+
+// TestQuickNamesItsWorkload: -quick runs b2b-saas alone, so it refuses a
+// run that names another workload rather than file b2b-saas's figures
+// under that name.
+func TestQuickNamesItsWorkload(t *testing.T) {
+	tests := []struct {
+		workloads string
+		refused   bool
+	}{
+		{"mixed", true},
+		{"b2b-saas,mixed", true},
+		{"b2b-saas", false},
+		{"", false},
+	}
+	for _, tt := range tests {
+		_, err := options(t.TempDir(), tt.workloads, "", true, "", "", "", "")
+		// Past the check, options fails on the missing envoy.yaml: this
+		// test does not run from the repository root.
+		refused := err != nil && strings.Contains(err.Error(), "-quick")
+		if refused != tt.refused {
+			t.Errorf("-quick -workloads %q: error %v, want refused %v", tt.workloads, err, tt.refused)
 		}
 	}
 }
