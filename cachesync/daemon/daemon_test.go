@@ -893,13 +893,7 @@ func metricValue(text, series string) (float64, bool) {
 // one on the other, the planner pins one of the first engine's groups to
 // the second, and the pin reaches the snapshot.
 func TestMovesGroups(t *testing.T) {
-	es, err := vllmsim.StartN(t.Context(), 2, vllmsim.Config{Model: model, NumGPUBlocks: 256, TimeScale: 0.001})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := startDaemon(t, Config{Engines: es[0].Addr() + "," + es[1].Addr(), ReportToken: "tok", MoveGroups: true, MoveCooldown: 300 * time.Millisecond})
-	f := newFetcher(t, d)
-	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
+	es, d, f := startMoving(t, 0.001)
 	postUnevenGroups(t, d, es)
 	eventually(t, "a group of the busy engine pinned to the other", func() bool { return movedTo(f, es[1].Addr()) })
 	if got, ok := metricValue(get(t, "http://"+d.Addr()+"/metrics"), "kvroute_cachesync_group_moves_total"); !ok || got != 1 {
@@ -913,13 +907,7 @@ func TestMovesGroups(t *testing.T) {
 func TestMoveWaitsForRoom(t *testing.T) {
 	// Real time, so that the request filling the target's cache runs
 	// until it is cancelled.
-	es, err := vllmsim.StartN(t.Context(), 2, vllmsim.Config{Model: model, NumGPUBlocks: 256, TimeScale: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := startDaemon(t, Config{Engines: es[0].Addr() + "," + es[1].Addr(), ReportToken: "tok", MoveGroups: true, MoveCooldown: 300 * time.Millisecond})
-	f := newFetcher(t, d)
-	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
+	es, d, f := startMoving(t, 1)
 	// 3,400 prompt tokens and 600 to answer: 213 or more of 256 blocks.
 	ctx, cancel := context.WithCancel(t.Context())
 	body := `{"model":"` + model + `","prompt":"` + strings.Repeat(" hello", 3400) + `","max_tokens":600,"stream":true}`
@@ -949,6 +937,20 @@ func TestMoveWaitsForRoom(t *testing.T) {
 	}
 	cancel()
 	eventually(t, "a group moved once the target's cache freed", func() bool { return movedTo(f, es[1].Addr()) })
+}
+
+// startMoving starts two engines of 256 blocks at timeScale and a ready
+// cachesync moving groups between them, 300 ms between moves.
+func startMoving(t *testing.T, timeScale float64) ([]*vllmsim.Engine, *Daemon, *fetcher) {
+	t.Helper()
+	es, err := vllmsim.StartN(t.Context(), 2, vllmsim.Config{Model: model, NumGPUBlocks: 256, TimeScale: timeScale})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, Config{Engines: es[0].Addr() + "," + es[1].Addr(), ReportToken: "tok", MoveGroups: true,
+		MoveCooldown: 300 * time.Millisecond})
+	eventually(t, "readiness", func() bool { return get(t, "http://"+d.Addr()+"/readyz") != "" })
+	return es, d, newFetcher(t, d)
 }
 
 // postUnevenGroups reports three groups' requests at es[0] and one's at
