@@ -123,7 +123,8 @@ func (c *Config) defaults() {
 
 // Endpoint is an endpoint of a pool as the planner sees it: its address
 // and the load its engine last reported, which says whether it has room
-// for a moved group (Config.Room).
+// for a moved group (Config.Room). An engine that reports no KV-cache
+// usage (llama-server) reads empty: only its queue can stop a move.
 type Endpoint struct {
 	Addr         string
 	Waiting      int     // requests queued at the engine
