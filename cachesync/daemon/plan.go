@@ -7,7 +7,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/cachesync/internal/planner"
-
 	"github.com/kvroute/kvroute/shared/snapshot"
 )
 
