@@ -134,7 +134,7 @@ type Endpoint struct {
 // A cache filling is one whose usage reads more than fillingBy above its
 // mean over fillTime, about the life of a request: its batch is growing,
 // and what it holds now says little of what it will hold when a moved
-// group's first requests land. On b2b-saas a swap made 2 s into the 48
+// group's first requests land. On b2b-saas a swap made about 4 s into the 48
 // req/s stage, its targets' caches 78% full on their way to 90%,
 // preempted 350 requests in that stage.
 const (

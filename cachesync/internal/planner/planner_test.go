@@ -418,20 +418,20 @@ func TestMovesWaitForRoom(t *testing.T) {
 	// is free: the swap waits until b's usage levels.
 	t.Run("b filling", func(t *testing.T) {
 		p := New(Config{})
-		at := func(s int, usage float64) []Move {
+		plan := func(s int, usage float64) []Move {
 			return p.Plan(t0.Add(time.Duration(s)*time.Second), b2b(), map[string][]Endpoint{"m|65536": full(all, usage, 0, "b")})
 		}
 		for s := range 60 {
-			at(s, 0.1)
+			plan(s, 0.1)
 		}
 		for s := 60; s < 63; s++ {
-			if got := at(s, 0.1+0.2*float64(s-59)); len(got) != 0 {
+			if got := plan(s, 0.1+0.2*float64(s-59)); len(got) != 0 {
 				t.Fatalf("at %d s: moves %+v onto a cache filling", s, got)
 			}
 		}
 		var got []Move
 		for s := 63; s < 90 && len(got) == 0; s++ {
-			got = at(s, 0.7)
+			got = plan(s, 0.7)
 		}
 		if len(got) != 2 {
 			t.Fatalf("moves %+v, want the swap once b's usage levelled at 70%%", got)
