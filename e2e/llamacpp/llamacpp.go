@@ -40,7 +40,8 @@ type Install struct {
 }
 
 // Dir returns the cache build.sh fills: $KVROUTE_LLAMACPP_DIR, else
-// ~/.cache/kvroute/llama.cpp-<Version> (under $XDG_CACHE_HOME if set).
+// ~/.cache/kvroute/llama.cpp-<Version>-avx2 (under $XDG_CACHE_HOME if
+// set), where make llamacpp builds it.
 func Dir() string {
 	if d := os.Getenv("KVROUTE_LLAMACPP_DIR"); d != "" {
 		return d
@@ -50,7 +51,7 @@ func Dir() string {
 		home, _ := os.UserHomeDir()
 		base = filepath.Join(home, ".cache")
 	}
-	return filepath.Join(base, "kvroute", "llama.cpp-"+Version)
+	return filepath.Join(base, "kvroute", "llama.cpp-"+Version+"-avx2")
 }
 
 // ErrNotBuilt means the cache holds no server or no model yet.
