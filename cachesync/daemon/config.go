@@ -72,8 +72,9 @@ type Config struct {
 	// for a precise endpoint count until its events confirm them, for that
 	// long (index.Config.PendingTTL); 0 leaves them to the events alone.
 	PendingTTL time.Duration
-	// MoveGroups turns on the planner (experimental): prompt groups are
-	// moved between a deployment's engines to spread their decoding.
+	// MoveGroups turns on the planner: prompt groups are moved between a
+	// deployment's engines to spread their decoding. The flag defaults to
+	// on; the zero Config leaves it off.
 	MoveGroups bool
 	// MoveCooldown is the least time between two moves of prompt groups
 	// in a deployment (planner.Config.Cooldown); 0 means the planner's
@@ -118,7 +119,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.ScrapeMisses, "scrape-misses", scrape.DefaultMisses, "failed scrapes in a row before an engine is unhealthy")
 	fs.Float64Var(&c.Calibration.Default, "prefill-rate", calibrate.DefaultRate, "prefill tokens/s assumed until calibrated")
 	fs.Float64Var(&c.Calibration.Ceiling, "prefill-rate-max", 0, "highest calibrated prefill rate accepted (default 4x -prefill-rate)")
-	fs.BoolVar(&c.MoveGroups, "move-groups", false, "experimental: move prompt groups between a deployment's engines to spread their decoding (in four of seventeen b2b-saas runs it lowered the knee; see the README)")
+	fs.BoolVar(&c.MoveGroups, "move-groups", true, "move prompt groups between a deployment's engines to spread their decoding, each move waiting for room on its target (policy item 11 in the README); -move-groups=false routes each group where its first request went")
 	fs.DurationVar(&c.MoveCooldown, "move-cooldown", 30*time.Second, "with -move-groups: least time between two moves in a deployment; the first waits twice this after its first demand")
 	fs.DurationVar(&c.PendingTTL, "pending-ttl", 0, "experimental: how long a block a routing report names for an engine with KV events counts before the engine's events confirm it (0: off; the benchmark runs 10s)")
 	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", approx.DefaultBytesPerToken, "text bytes per token: sizes approximate indexes (until -learn-bytes-per-token has learned one), and the filters estimate prompt tokens by it (sent in the snapshot)")

@@ -331,6 +331,21 @@ func TestConfigFromFlagsAndEnvironment(t *testing.T) {
 	if got := cfg.chatTemplateFiles(); !slices.Equal(got, []string{"/models/a/tokenizer_config.json", "/models/b/chat_template.jinja"}) {
 		t.Errorf("chat template files %q", got)
 	}
+	if !cfg.MoveGroups {
+		t.Error("the planner is off by default; it is meant to be on")
+	}
+	for _, off := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"-engines", "10.0.0.1:8000", "-move-groups=false"}, nil},
+		{[]string{"-engines", "10.0.0.1:8000"}, map[string]string{"CACHESYNC_MOVE_GROUPS": "false"}},
+	} {
+		cfg, err := ParseFlags(off.args, func(k string) string { return off.env[k] })
+		if err != nil || cfg.MoveGroups {
+			t.Errorf("ParseFlags(%q, %v): planner on %v, error %v; want it off", off.args, off.env, cfg.MoveGroups, err)
+		}
+	}
 	for _, c := range []struct {
 		args []string
 		env  map[string]string

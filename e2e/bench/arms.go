@@ -64,13 +64,14 @@ var Arms = []*Arm{
 	{Name: "envoy-least-request", About: "Envoy LEAST_REQUEST, the shipped envoy.yaml without the filter", start: envoyArm("least_request")},
 	{Name: "kvroute-precise", About: "kvroute with cachesync following the engines' KV events", start: kvrouteArm(true, nil)},
 	{Name: "kvroute-approx", About: "kvroute with cachesync indexing from routing reports only (no events)", start: kvrouteArm(false, nil)},
-	{Name: "kvroute-sticky", About: "kvroute precise with an hour's TTFT SLO, which every endpoint meets, so the best-cached one always wins (what \"until saturated\" buys)",
-		start: kvrouteArm(true, map[string]any{"slo_ttft_ms": 3_600_000})},
+	// Without moves too: a moved group's pin would send it where it is not
+	// best cached.
+	{Name: "kvroute-sticky", About: "kvroute precise with an hour's TTFT SLO, which every endpoint meets, so the best-cached one always wins (what \"until saturated\" buys), and no group moves",
+		start: kvrouteArm(true, map[string]any{"slo_ttft_ms": 3_600_000}, "-move-groups=false")},
 	{Name: "kvroute-prefill", About: "kvroute precise with policy.mode prefill: TTFT alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "prefill"})},
 	{Name: "kvroute-decode", About: "kvroute precise with policy.mode decode: the decoding alone", Variant: true, start: kvrouteArm(true, map[string]any{"mode": "decode"})},
-	// At info, cachesync.log records each move: which group, from and to.
-	{Name: "kvroute-moves", About: "kvroute precise with cachesync's experimental group moves (-move-groups)", Variant: true,
-		start: kvrouteArm(true, nil, "-move-groups", "-log-level", "info")},
+	{Name: "kvroute-unmoved", About: "kvroute precise without cachesync's group moves (-move-groups=false), the default before 2026-12-07", Variant: true,
+		start: kvrouteArm(true, nil, "-move-groups=false")},
 	{Name: "kvroute-slo", About: "kvroute precise with the goodput SLO stated, as policy.slo_ttft_ms and slo_tpot_ms", Variant: true, start: kvrouteSLOArm},
 	{Name: "sglang-router", About: "sglang-router 0.3.2 cache_aware", start: rivalArm("sglang-router", "launch", "--policy", "cache_aware")},
 	{Name: "smg", About: "smg 1.13.0 cache_aware", start: rivalArm("smg", "launch", "--policy", "cache_aware")},
@@ -159,7 +160,7 @@ func kvrouteArm(precise bool, policy map[string]any, extra ...string) func(conte
 				spec[i] += "?events=" + e.EventsEndpoint() + "&replay=" + e.ReplayEndpoint()
 			}
 		}
-		args := []string{"-engines", strings.Join(spec, ","), "-report-token", reportToken, "-scrape-interval", "250ms", "-pending-ttl", "10s", "-log-level", "warn"}
+		args := []string{"-engines", strings.Join(spec, ","), "-report-token", reportToken, "-scrape-interval", "250ms", "-pending-ttl", "10s"}
 		if precise {
 			args = append(args, "-tokenizer", "cl100k_base")
 		}
