@@ -606,12 +606,18 @@ func TestStepClock(t *testing.T) {
 		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": "a long answer"}}})
 	const streams = 12 // every worker gets some: all 12 on one has odds of 1 in 2,000
 	done := make(chan error, streams)
+	started := make(chan struct{}, streams)
 	for range streams {
 		go func() {
 			client := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
 			resp, err := client.Post(g.url+"/v1/chat/completions", "application/json", bytes.NewReader(stream))
 			if err == nil {
-				_, err = io.Copy(io.Discard, resp.Body)
+				// Its first token is out: the clock starts.
+				first := make([]byte, 1)
+				if _, err = io.ReadFull(resp.Body, first); err == nil {
+					started <- struct{}{}
+					_, err = io.Copy(io.Discard, resp.Body)
+				}
 				resp.Body.Close()
 			}
 			done <- err
@@ -622,8 +628,17 @@ func TestStepClock(t *testing.T) {
 			<-done
 		}
 	})
-
-	time.Sleep(500 * time.Millisecond) // its first tokens: the clock starts
+	// Probed only once every stream is answering: a fixed half second was
+	// too short once under the race detector (2026-12-07), and every probe
+	// read the same wait, as without a clock.
+	for i := range streams {
+		select {
+		case <-started:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%d of %d streams answered within 20 s", i, streams)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // a few steps' tokens
 	waits := map[int64]bool{}
 	var most int64
 	for range 40 {

@@ -115,23 +115,27 @@ func TestFaultEngineKilledMidStream(t *testing.T) {
 	// The engine is dead once Close returns: until then it may still
 	// accept a connection, and fail it as it goes.
 	var killed time.Time
-	results, es, _, g, _ := streamUnderFault(t, 300, func(es []*vllmsim.Engine) {
-		// Kill it mid-answer: a request still before its first token is
-		// retried by Envoy, not cut, and once (on a noisy host) the
-		// engine's requests were all there at the kill.
-		decoding := func() bool { return es[1].Queue().Decoding > 0 }
+	var dead *vllmsim.Engine
+	results, _, _, g, _ := streamUnderFault(t, 300, func(es []*vllmsim.Engine) {
+		// Kill one mid-answer, whichever is decoding: a request still
+		// before its first token is retried by Envoy, not cut; once (on a
+		// noisy host) the engine's requests were all there at the kill,
+		// and once (under the race detector, 2026-12-07) the engine the
+		// test always killed had no request left when it did.
+		dead = es[1]
 		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			if decoding() {
+			if e := busiestDecoder(es); e != nil {
 				time.Sleep(30 * time.Millisecond) // some tokens out, at 0.05 time scale
-				if decoding() {
+				if e.Queue().Decoding > 0 {
+					dead = e
 					break
 				}
 			}
 		}
-		es[1].Close()
+		dead.Close()
 		killed = time.Now()
 	})
-	victim := es[1].Addr()
+	victim := dead.Addr()
 	inflightReleased(t, g)
 
 	// The router knows once three scrapes (200 ms apart) have missed and a
@@ -165,6 +169,19 @@ func TestFaultEngineKilledMidStream(t *testing.T) {
 	if lateToVictim > 0 {
 		t.Errorf("%d requests still went to the dead engine 2 s after it died", lateToVictim)
 	}
+}
+
+// busiestDecoder returns the engine decoding the most requests, nil when
+// none is decoding.
+func busiestDecoder(es []*vllmsim.Engine) *vllmsim.Engine {
+	var best *vllmsim.Engine
+	most := 0
+	for _, e := range es {
+		if n := e.Queue().Decoding; n > most {
+			best, most = e, n
+		}
+	}
+	return best
 }
 
 // freezer is a TCP proxy in front of an engine's HTTP port that can stop
