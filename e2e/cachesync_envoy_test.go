@@ -641,12 +641,22 @@ func TestStepClock(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // a few steps' tokens
 	waits := map[int64]bool{}
 	var most int64
-	for range 40 {
+	for probes, tries := 0, 0; probes < 40; tries++ {
+		if tries == 400 {
+			t.Fatalf("%d of %d probes routed by a snapshot", probes, tries)
+		}
 		d := probe(t, g, system, "how long is the wait?")
 		_, rest, ok := strings.Cut(d, "; step_wait_us=")
+		if !ok && strings.Contains(d, "reason=rendezvous") {
+			// The other Envoy worker has no snapshot yet (the warm-up's
+			// probe reached one worker): it routes without a price.
+			time.Sleep(13 * time.Millisecond)
+			continue
+		}
 		if !ok {
 			t.Fatalf("no step_wait_us in %q", d)
 		}
+		probes++
 		us, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ';')], 10, 64)
 		if err != nil {
 			t.Fatal(err)
