@@ -341,13 +341,14 @@ func TestMetricsMoveWithLoad(t *testing.T) {
 
 func TestSaturatedTTFTGrowsWithQueue(t *testing.T) {
 	cfg := testConfig()
-	// Prefill ten times dearer than the default model, at half real time:
-	// each short prompt keeps the engine busy ~50 ms of wall time, far
-	// longer than a client needs to tokenize and send the next one even
-	// under -race, so the burst queues up in the engine, not in the clients.
-	cfg.TimeScale = 0.5
+	// Prefill forty times dearer than the default model, in real time:
+	// each short prompt keeps the engine busy ~300 ms of wall time, so the
+	// burst queues up in the engine, not in the clients. At a sixth of
+	// that, a CI host busy with other packages once spread the burst's
+	// arrivals over enough of its service time to read 2.85x, not ~3.8x.
+	cfg.TimeScale = 1
 	cfg.Cost.Step = DefaultCostModel.Step
-	cfg.Cost.PrefillToken = 10 * DefaultCostModel.PrefillToken
+	cfg.Cost.PrefillToken = 40 * DefaultCostModel.PrefillToken
 	cfg.NumGPUBlocks = 1024
 	cfg.MaxNumSeqs = 4
 	cfg.MaxNumBatchedTokens = 128
