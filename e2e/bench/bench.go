@@ -197,6 +197,16 @@ type Stage struct {
 	// PredictionError is cachesync's TTFT prediction error over the
 	// stage's routed requests (kvroute arms).
 	PredictionError *PredictionError `json:"ttft_prediction_error,omitempty"`
+	// EngineTTFT is the engines' own mean TTFT over the stage, from a
+	// request's arrival at its engine (simulated engines only). Against
+	// the client's mean (TTFT.Mean) it splits TTFT into the engines'
+	// queueing and prefill, which routing decides, and the path: router,
+	// client and the host they share.
+	EngineTTFT float64 `json:"engine_ttft_mean_seconds,omitempty"`
+	// CPU is the cores each process used on average over the stage:
+	// "bench" is the simulated engines' process, the others the router,
+	// cachesync and the client (sampleCPU).
+	CPU map[string]float64 `json:"cpu_cores,omitempty"`
 }
 
 // lateSend is how late the client may send a tenth of a stage's requests
@@ -388,8 +398,10 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 		var mu sync.Mutex
 		var before, after []counters
 		var predBefore, predAfter histogram
+		var cpuBefore, cpuAfter *cpuSample
 		var scrapeErr, predErr error
 		onStage := func(ev stageEvent) {
+			cpu := sampleCPU()
 			snap, err := p.snapshot()
 			var pred histogram
 			var perr error
@@ -403,9 +415,9 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 			case err != nil:
 				scrapeErr = err
 			case ev.start:
-				before, predBefore = snap, pred
+				before, predBefore, cpuBefore = snap, pred, cpu
 			default:
-				after, predAfter = snap, pred
+				after, predAfter, cpuAfter = snap, pred, cpu
 			}
 		}
 		if _, err := o.Client.run(ctx, w, p.model(), rt.url, sdir, i, o.StageSeconds, onStage); err != nil {
@@ -431,6 +443,7 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 		} else if rt.cachesync != "" {
 			st.PredictionError = predAfter.since(predBefore).predictionError()
 		}
+		st.CPU = cpuAfter.coresSince(cpuBefore)
 		if before != nil && after != nil {
 			var sum counters
 			for j := range after {
@@ -444,6 +457,11 @@ func runArm(ctx context.Context, o Options, w *Workload, a *Arm) (r ArmResult) {
 				sum.queries += d.queries
 				sum.prompt += d.prompt
 				sum.preemptions += d.preemptions
+				sum.ttftSum += d.ttftSum
+				sum.ttftCount += d.ttftCount
+			}
+			if sum.ttftCount > 0 {
+				st.EngineTTFT = sum.ttftSum / sum.ttftCount
 			}
 			if sum.queries > 0 {
 				st.HitRate = sum.hits / sum.queries

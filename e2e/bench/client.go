@@ -122,6 +122,7 @@ type stageReport struct {
 }
 
 type dist struct {
+	Mean   float64 `json:"mean,omitempty"`
 	Median float64 `json:"median"`
 	P90    float64 `json:"p90"`
 	P99    float64 `json:"p99"`

@@ -199,11 +199,14 @@ func (p *pool) lag() float64 {
 // counters are the engine counters a stage's figures come from.
 type counters struct {
 	hits, queries, prompt, generation, preemptions, success float64
+	// ttftSum and ttftCount are the engine's TTFT histogram's: from a
+	// request's arrival at the engine to its first token.
+	ttftSum, ttftCount float64
 }
 
 func (c counters) minus(o counters) counters {
 	return counters{c.hits - o.hits, c.queries - o.queries, c.prompt - o.prompt, c.generation - o.generation,
-		c.preemptions - o.preemptions, c.success - o.success}
+		c.preemptions - o.preemptions, c.success - o.success, c.ttftSum - o.ttftSum, c.ttftCount - o.ttftCount}
 }
 
 // snapshot scrapes every engine's counters. llama.cpp counts no
@@ -230,6 +233,7 @@ func (p *pool) snapshot() ([]counters, error) {
 			hits: m["vllm:prefix_cache_hits_total"], queries: m["vllm:prefix_cache_queries_total"],
 			prompt: m["vllm:prompt_tokens_total"], generation: m["vllm:generation_tokens_total"],
 			preemptions: m["vllm:num_preemptions_total"], success: m["vllm:request_success_total"],
+			ttftSum: m["vllm:time_to_first_token_seconds_sum"], ttftCount: m["vllm:time_to_first_token_seconds_count"],
 		}
 	}
 	return out, nil
@@ -251,7 +255,8 @@ func metricFamilies(url string) (map[string]*dto.MetricFamily, error) {
 	return fams, nil
 }
 
-// scrape reads an engine's counters and gauges, summed over label sets.
+// scrape reads an engine's counters and gauges, and its histograms' sums
+// and counts (as name_sum, name_count), summed over label sets.
 func scrape(url string) (map[string]float64, error) {
 	fams, err := metricFamilies(url)
 	if err != nil {
@@ -265,6 +270,9 @@ func scrape(url string) (map[string]float64, error) {
 				out[name] += m.GetCounter().GetValue()
 			case m.GetGauge() != nil:
 				out[name] += m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				out[name+"_sum"] += m.GetHistogram().GetSampleSum()
+				out[name+"_count"] += float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}

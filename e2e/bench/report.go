@@ -414,6 +414,9 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 			return fmt.Sprintf("%.0f%%, %.0f%%", 100*s.PredictionError.Median, 100*s.PredictionError.Within15)
 		})
 	}
+	if hasEngineTTFT(w) {
+		table("Where TTFT went: the client's mean / the engines' own mean, from arrival at the engine (s); and the cores each process used (`bench` runs the engines). On a shared host, CPU the router takes from the engines and the client shows in the client's TTFT though no route differs:", engineTTFTText)
+	}
 	perEngine, what := func(s *Stage) []int { return s.PerEngine }, "requests per engine"
 	if w.Engines != "" {
 		// llama.cpp counts tokens, not requests.
@@ -447,6 +450,35 @@ func workloadSection(b *strings.Builder, w *WorkloadResult) {
 			strings.Join(ds, ", "), strings.Join(a.Command, " "))
 	}
 	p("")
+}
+
+func hasEngineTTFT(w *WorkloadResult) bool {
+	for _, a := range w.Arms {
+		for _, s := range a.Stages {
+			if s.EngineTTFT > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// engineTTFTText is "0.15 / 0.13; bench 0.61, envoy 0.40": the stage's
+// TTFT means, then its cores by process, by name.
+func engineTTFTText(s *Stage) string {
+	if s.EngineTTFT == 0 {
+		return ""
+	}
+	var cores []string
+	for name, c := range s.CPU {
+		cores = append(cores, fmt.Sprintf("%s %.2f", name, c))
+	}
+	sort.Strings(cores)
+	out := fmt.Sprintf("%.3f / %.3f", s.TTFT.Mean, s.EngineTTFT)
+	if len(cores) > 0 {
+		out += "; " + strings.Join(cores, ", ")
+	}
+	return out
 }
 
 func hasPrediction(w *WorkloadResult) bool {
