@@ -107,7 +107,7 @@ func TestPendingPlacements(t *testing.T) {
 		{events, 100, true, 1500, -1000}, // still prefilling at the build
 		{events, 1000, true, 500, -3000}, // prefilled and evented long before
 	} {
-		tr.placed.table.Add(endpointHash(p.endpoint), h, p.blocks, p.isNew, false, p.ttft, ms+p.placed, far)
+		tr.placed.table.Add(endpointHash(p.endpoint), h, p.blocks, p.isNew, p.ttft, ms+p.placed, far)
 	}
 	tr.pending(m)
 	if got := []int{tr.local[0].Pending, tr.local[1].Pending}; got[0] != 30 || got[1] != 100 {

@@ -81,7 +81,7 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) 
 	clear(t.local)
 	t.steps.fill(t.slotOf, t.local, time.Now().UnixNano())
 	if t.placed.read() {
-		t.placed.match(hashes, t.matchPlaced)
+		t.placed.match(hashes, t.addPlaced)
 		t.pending(m)
 	}
 	if session != 0 {
@@ -99,16 +99,6 @@ func (t *loadTracker) locals(v *snapshot.View, hashes []uint64, session uint64) 
 	}
 	t.table.Each(time.Now().UnixMilli(), t.ttl.Milliseconds(), t.add)
 	return t.local
-}
-
-// matchPlaced counts a recent placement sharing blocks of the prompt: its
-// endpoint will hold them, and a move's, until its first token comes, is
-// still computing them.
-func (t *loadTracker) matchPlaced(e *placed.Entry, blocks int) {
-	t.addPlaced(e.Endpoint, blocks)
-	if i, ok := t.slotOf[e.Endpoint]; ok && e.Move && !e.Answered {
-		t.local[i].Prefilling = true
-	}
 }
 
 func (t *loadTracker) addPlaced(endpoint uint64, blocks int) {

@@ -17,7 +17,6 @@ import (
 	"github.com/kvroute/kvroute/filter/internal/placed"
 	"github.com/kvroute/kvroute/filter/proxywasm"
 	"github.com/kvroute/kvroute/filter/proxywasm/types"
-	"github.com/kvroute/kvroute/shared/policy"
 	"github.com/kvroute/kvroute/shared/predict"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/report"
@@ -154,10 +153,7 @@ type httpContext struct {
 	// end. Its first response byte comes with its last token, so the tick
 	// gives its prefill back at prefillDue instead (pluginContext.prefilling).
 	prefillDue time.Time
-	// placedAt is when a move's request was recorded in the placements
-	// (unix ms), until its first token; 0 otherwise.
-	placedAt int64
-	api      prompt.API
+	api        prompt.API
 	// learning: a Responses API answer is being read for its id, which
 	// head gathers, to pin to the endpoint that served it (served).
 	learning bool
@@ -378,11 +374,7 @@ func (h *httpContext) account(d *decision) {
 	// shows it. One mostly cached adds only its own tail, which the
 	// requests that follow closely do not share.
 	if r := h.plugin.router; d.reason != reasonRendezvous && 2*d.policy.Blocks < r.blocks && d.policy.Blocks+placed.Stride <= len(r.hashes) {
-		move := d.policy.Reason == policy.ReasonMoved
-		at := h.plugin.load.placed.add(h.endpoint, r.hashes, r.blocks-d.policy.Blocks, d.policy.Blocks == 0, move, d.policy.Chosen.TTFT)
-		if move {
-			h.placedAt = at
-		}
+		h.plugin.load.placed.add(h.endpoint, r.hashes, r.blocks-d.policy.Blocks, d.policy.Blocks == 0, d.policy.Chosen.TTFT)
 	}
 	if h.session != 0 && d.reason != reasonRendezvous {
 		h.plugin.load.sessions.pin(h.session, h.endpoint)
@@ -420,13 +412,9 @@ func (h *httpContext) releasePrefill() {
 }
 
 // givePrefillBack releases the stream's uncached prompt tokens from this
-// gateway's in-flight load, and marks its placement answered.
+// gateway's in-flight load.
 func (h *httpContext) givePrefillBack() {
 	delete(h.plugin.prefilling, h.id)
-	if h.placedAt != 0 {
-		h.plugin.load.placed.answer(h.endpoint, h.placedAt)
-		h.placedAt = 0
-	}
 	if h.prefillPending == 0 {
 		return
 	}

@@ -27,33 +27,22 @@ type placements struct {
 // failed.
 func (p *placements) read() bool { return p.stored.load(&p.table) }
 
-// match calls fn with every recent placement that shares leading blocks of
-// hashes, and how many, as of the last read.
-func (p *placements) match(hashes []uint64, fn func(e *placed.Entry, blocks int)) {
+// match calls fn with every endpoint a recent placement shares leading
+// blocks of hashes with, as of the last read.
+func (p *placements) match(hashes []uint64, fn func(endpoint uint64, blocks int)) {
 	if len(hashes) >= placed.Stride {
 		p.table.Match(hashes, time.Now().UnixMilli(), fn)
 	}
 }
 
 // add records that hashes went to endpoint, bringing it blocks it did not
-// hold (all of them: isNew), with its first token predicted after ttft;
-// move says its group is moving there. It returns when, in unix
-// milliseconds, for answer; 0 if not recorded.
-func (p *placements) add(endpoint uint64, hashes []uint64, blocks int, isNew, move bool, ttft time.Duration) int64 {
+// hold (all of them: isNew), with its first token predicted after ttft.
+func (p *placements) add(endpoint uint64, hashes []uint64, blocks int, isNew bool, ttft time.Duration) {
 	if len(hashes) < placed.Stride {
-		return 0
+		return
 	}
 	now := time.Now()
 	ttft = min(ttft, time.Minute)
-	at, expires := now.UnixMilli(), now.Add(2*ttft+placedLinger).UnixMilli()
-	p.stored.update(&p.table, func() { p.table.Add(endpoint, hashes, blocks, isNew, move, ttft.Milliseconds(), at, expires) })
-	return at
-}
-
-// answer records that a move's prompt placed at endpoint at time at (from
-// add) got its first token: the endpoint holds its blocks now, and requests
-// sharing them no longer wait for them there.
-func (p *placements) answer(endpoint uint64, at int64) {
-	ttft := time.Now().UnixMilli() - at
-	p.stored.update(&p.table, func() { p.table.Answer(endpoint, at, ttft) })
+	expires := now.Add(2*ttft + placedLinger).UnixMilli()
+	p.stored.update(&p.table, func() { p.table.Add(endpoint, hashes, blocks, isNew, ttft.Milliseconds(), now.UnixMilli(), expires) })
 }

@@ -75,9 +75,9 @@ func (p *Picker) choose(cands []cand, j *job, random uint64, pin int) (pick, run
 	return pick, runner, meets
 }
 
-// pinnedTo returns the endpoint, of n, the group of a prompt of hashes is
+// pinnedTo returns the candidate the group of a prompt of hashes is
 // pinned to in m, -1 if none.
-func pinnedTo(m *snapshot.Manifest, hashes []uint64, n int) int {
+func pinnedTo(m *snapshot.Manifest, hashes []uint64, cands []cand) int {
 	if !m.HasPins() {
 		return -1
 	}
@@ -85,7 +85,7 @@ func pinnedTo(m *snapshot.Manifest, hashes []uint64, n int) int {
 	if !ok {
 		return -1
 	}
-	if t, ok := m.Pinned(key); ok && t < n {
+	if t, ok := m.Pinned(key); ok && t < len(cands) {
 		return t
 	}
 	return -1

@@ -109,13 +109,7 @@
 // the price, the copy rules and placement, unless the endpoint is
 // ineligible, saturated, misses a stated SLO, or is predicted its first
 // token more than two cold prefills of the whole prompt after the
-// quickest endpoint's (follows). While a prefill this gateway sent the
-// endpoint of the prompt's blocks has not had its first token
-// (Local.Prefilling) and another endpoint holds them in its cache, the
-// request is routed as if unpinned, and the pinned endpoint as holding none
-// of the prompt: the move's first request pays the cold prefill, and those
-// that come meanwhile go warm to the old home instead of queueing behind
-// it.
+// quickest endpoint's (follows).
 //
 // # Reasons
 //

@@ -17,43 +17,27 @@ func TestPinned(t *testing.T) {
 	// has: its group's key is known before the snapshot is built.
 	_, hashes := fixture(t, []ep{cold(0), cold(0)})
 	key, _ := snapshot.GroupKey(hashes)
-	// This gateway sent endpoint 1 the whole prompt a moment ago: its
-	// prefill is in flight.
-	sent := []Local{{}, {Blocks: promptBlocks, Prefilling: true}}
-	// ... and its first token has come since.
-	done := []Local{{}, {Blocks: promptBlocks}}
 	tests := []struct {
 		name   string
 		eps    []ep
-		local  []Local
 		chosen int
 		reason Reason
 	}{
-		{"moved to an idle endpoint", []ep{holder, pinned(cold(0), key)}, nil, 1, ReasonMoved},
-		// The move's first request is prefilling there; the old home
-		// still holds the prompt, so the next one goes to it, warm.
-		{"the new home still prefilling the move's first request", []ep{holder, pinned(cold(0), key)}, sent, 0, ReasonAffinity},
-		// cachesync indexes the routing report at once: the snapshot
-		// shows the new home holding it before it does.
-		{"the new home shown holding it, still prefilling", []ep{holder, pinned(warm(0, promptBlocks), key)}, sent, 0, ReasonAffinity},
-		{"the new home's prefill done", []ep{holder, pinned(cold(0), key)}, done, 1, ReasonAffinity},
-		// Nobody else holds it: the group's second request joins its
-		// first where it is pinned, as any new prefix's would.
-		{"a group new to the pool, its first request prefilling where it is pinned", []ep{cold(0), pinned(cold(0), key)}, sent, 1, ReasonAffinity},
-		{"pinned to its holder", []ep{pinned(holder, key), cold(0)}, nil, 0, ReasonAffinity},
-		{"another group's pin", []ep{holder, pinned(cold(0), key+1)}, nil, 0, ReasonAffinity},
+		{"moved to an idle endpoint", []ep{holder, pinned(cold(0), key)}, 1, ReasonMoved},
+		{"pinned to its holder", []ep{pinned(holder, key), cold(0)}, 0, ReasonAffinity},
+		{"another group's pin", []ep{holder, pinned(cold(0), key+1)}, 0, ReasonAffinity},
 		// 1.9 s of prefill ahead of it, under one more cold prefill of
 		// the prompt (2 s): the move's wait is worth it.
-		{"a queue shorter than a cold prefill", []ep{holder, pinned(cold(second*19/10), key)}, nil, 1, ReasonMoved},
-		{"a queue longer than a cold prefill", []ep{holder, pinned(cold(3*second), key)}, nil, 0, ReasonAffinity},
-		{"the pinned endpoint unhealthy", []ep{holder, pinned(unhealthy, key)}, nil, 0, ReasonAffinity},
-		{"the pinned endpoint saturated by its decoding", []ep{holder, pinned(ep{info: withRunning(healthy(0), 400)}, key)}, nil, 0, ReasonAffinity},
-		{"a group new to the pool goes where it is pinned", []ep{cold(0), pinned(cold(second/10), key)}, nil, 1, ReasonLeastLoad},
+		{"a queue shorter than a cold prefill", []ep{holder, pinned(cold(second*19/10), key)}, 1, ReasonMoved},
+		{"a queue longer than a cold prefill", []ep{holder, pinned(cold(3*second), key)}, 0, ReasonAffinity},
+		{"the pinned endpoint unhealthy", []ep{holder, pinned(unhealthy, key)}, 0, ReasonAffinity},
+		{"the pinned endpoint saturated by its decoding", []ep{holder, pinned(ep{info: withRunning(healthy(0), 400)}, key)}, 0, ReasonAffinity},
+		{"a group new to the pool goes where it is pinned", []ep{cold(0), pinned(cold(second/10), key)}, 1, ReasonLeastLoad},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			v, hs := fixture(t, tt.eps)
-			r := Request{Model: model, Hashes: hs, Local: tt.local}
+			r := Request{Model: model, Hashes: hs}
 			d := picker(t, nil).Pick(v, &r)
 			if d.Endpoint != tt.chosen || d.Reason != tt.reason {
 				t.Errorf("chose %d (%v); want %d (%v)", d.Endpoint, d.Reason, tt.chosen, tt.reason)

@@ -191,11 +191,6 @@ type Local struct {
 	// the snapshot shows them only a prefill and a sync later, and a
 	// request sharing the prefix that comes meanwhile must see them.
 	Blocks int
-	// Prefilling says one of those prefills has not had its first token
-	// yet: the endpoint is still computing the blocks, though the snapshot
-	// may show them already (cachesync indexes a routing report as soon as
-	// it comes).
-	Prefilling bool
 	// Pending is the blocks of new prompts this gateway sent the endpoint
 	// since the snapshot was built: its cache holds them, or soon will,
 	// and the snapshot does not show them yet. They count in how full its
@@ -359,22 +354,8 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		d.Deepest = max(d.Deepest, int(p.match[i].Blocks))
 	}
 	blocks := max(len(r.Hashes), r.Blocks)
-	pin := pinnedTo(m, r.Hashes, n)
 	for i := range min(n, len(r.Local)) {
-		l := &r.Local[i]
-		b := int32(min(l.Blocks, blocks))
-		if i == pin && l.Prefilling && heldElsewhere(p.match[:n], i, max(b, p.match[i].Blocks)) {
-			// A moved group's first request is still prefilling at its
-			// new home, and its old home holds the prompt: the requests
-			// that come meanwhile go there, warm, as if unpinned, rather
-			// than queue at the new home behind that prefill and
-			// recompute what it has not finished. For them the new home
-			// holds nothing yet. The pin holds again once that request's
-			// first token comes.
-			p.match[i], pin = snapshot.Match{}, -1
-			continue
-		}
-		if b > p.match[i].Blocks {
+		if b := int32(min(r.Local[i].Blocks, blocks)); b > p.match[i].Blocks {
 			p.match[i].Blocks, p.match[i].GPU = b, b
 		}
 	}
@@ -420,6 +401,7 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 	}
 	placeNew(cands, &job)
 	placeCopies(cands, &job)
+	pin := pinnedTo(m, r.Hashes, cands)
 	pick, runner, meets := p.choose(cands, &job, r.Random, pin)
 	c := &cands[pick]
 	d.Endpoint, d.MeetsSLO = pick, meets
@@ -434,17 +416,6 @@ func (p *Picker) Pick(v *snapshot.View, r *Request) Decision {
 		d.RunnerUp = cands[runner].terms(runner)
 	}
 	return d
-}
-
-// heldElsewhere reports whether an endpoint other than i holds at least
-// blocks of the prompt in its cache (match as the snapshot shows it).
-func heldElsewhere(match []snapshot.Match, i int, blocks int32) bool {
-	for j := range match {
-		if j != i && match[j].Blocks >= blocks {
-			return true
-		}
-	}
-	return false
 }
 
 func localOf(r *Request, i int) Local {

@@ -24,8 +24,8 @@
 //
 //	"KVPL" u16 version u16 entries
 //	per entry: u64 endpoint hash, i64 expiry (unix ms), i64 placed at
-//	           (unix ms), u32 TTFT (ms), u32 blocks, u8 flags (bit 0: new
-//	           to the endpoint; bit 1: a move; bit 2: answered), u16 samples,
+//	           (unix ms), u32 predicted TTFT (ms), u32 blocks, u8 flags
+//	           (bit 0: new to the endpoint), u16 samples,
 //	           samples x u64 block hash
 //
 // A Table is decoded into and reused, so the request path does not allocate
@@ -39,7 +39,7 @@ import (
 
 const (
 	magic     = "KVPL"
-	version   = 4
+	version   = 3
 	headSize  = 8
 	entryHead = 35
 	// Stride is the distance, in blocks, between a prompt's samples.
@@ -69,22 +69,13 @@ type Entry struct {
 	Endpoint uint64 // hash of the endpoint's address
 	Expires  int64  // unix milliseconds
 	At       int64  // when it was placed, unix milliseconds
-	// TTFT is its time to first token in milliseconds: predicted, then
-	// measured once Answered.
-	TTFT   int64
-	Blocks int // the prompt's blocks the endpoint did not hold
+	TTFT     int64  // its predicted time to first token, milliseconds
+	Blocks   int    // the prompt's blocks the endpoint did not hold
 	// New says the endpoint held none of the prompt: it is a prefix new
 	// there, which cachesync counts in the endpoint's Prefixes once its
 	// report is in.
-	New bool
-	// Move says the prompt's group was moving to the endpoint (a pin):
-	// only then is Answered kept, since only a move's next requests have a
-	// warm endpoint to wait at instead.
-	Move bool
-	// Answered says its first token came: the endpoint has computed the
-	// blocks. Until then a request sharing them would wait for them there.
-	Answered bool
-	Samples  []uint64
+	New     bool
+	Samples []uint64
 }
 
 // Table is a decoded placement table, oldest entry first.
@@ -114,14 +105,13 @@ func (t *Table) Decode(b []byte) error {
 			return ErrCorrupt
 		}
 		k := int(le.Uint16(b[33:]))
-		if b[32] > flagNew|flagMove|flagAnswered || k > MaxSamples || len(b) < entryHead+8*k {
+		if b[32] > 1 || k > MaxSamples || len(b) < entryHead+8*k {
 			t.reset()
 			return ErrCorrupt
 		}
 		e := t.grow()
 		e.Endpoint, e.Expires, e.At = le.Uint64(b), int64(le.Uint64(b[8:])), int64(le.Uint64(b[16:]))
-		e.TTFT, e.Blocks = int64(le.Uint32(b[24:])), int(le.Uint32(b[28:]))
-		e.New, e.Move, e.Answered = b[32]&flagNew != 0, b[32]&flagMove != 0, b[32]&flagAnswered != 0
+		e.TTFT, e.Blocks, e.New = int64(le.Uint32(b[24:])), int(le.Uint32(b[28:])), b[32] == 1
 		for i := range k {
 			e.Samples = append(e.Samples, le.Uint64(b[entryHead+8*i:]))
 		}
@@ -145,7 +135,7 @@ func (t *Table) Append(dst []byte) []byte {
 		dst = le.AppendUint64(dst, uint64(e.At))
 		dst = le.AppendUint32(dst, uint32(e.TTFT))
 		dst = le.AppendUint32(dst, uint32(e.Blocks))
-		dst = append(dst, flag(e.New, flagNew)|flag(e.Move, flagMove)|flag(e.Answered, flagAnswered))
+		dst = append(dst, boolByte(e.New))
 		dst = le.AppendUint16(dst, uint16(len(e.Samples)))
 		for _, s := range e.Samples {
 			dst = le.AppendUint64(dst, s)
@@ -154,26 +144,19 @@ func (t *Table) Append(dst []byte) []byte {
 	return dst
 }
 
-const (
-	flagNew      = 1
-	flagMove     = 2
-	flagAnswered = 4
-)
-
-func flag(set bool, f byte) byte {
-	if set {
-		return f
+func boolByte(b bool) byte {
+	if b {
+		return 1
 	}
 	return 0
 }
 
 // Add records that the prompt of chained block hashes went to endpoint at
 // now, bringing it blocks it did not hold (all of them: isNew), with its
-// first token predicted ttft milliseconds later, until expires; move says
-// its group was moving there. It drops the entries expired at now, and the
-// oldest if the table is full. A prompt shorter than a stride is not
-// recorded: it has nothing to match.
-func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, isNew, move bool, ttft, now, expires int64) {
+// first token predicted ttft milliseconds later, until expires; it drops
+// the entries expired at now, and the oldest if the table is full. A prompt
+// shorter than a stride is not recorded: it has nothing to match.
+func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, isNew bool, ttft, now, expires int64) {
 	kept := t.entries[:0]
 	for _, e := range t.entries {
 		if e.Expires > now {
@@ -196,31 +179,17 @@ func (t *Table) Add(endpoint uint64, hashes []uint64, blocks int, isNew, move bo
 	}
 	e := t.grow()
 	e.Endpoint, e.Expires, e.At = endpoint, expires, now
-	e.TTFT, e.Blocks, e.New, e.Move = min(max(ttft, 0), 1<<32-1), min(max(blocks, 0), 1<<31-1), isNew, move
+	e.TTFT, e.Blocks, e.New = min(max(ttft, 0), 1<<32-1), min(max(blocks, 0), 1<<31-1), isNew
 	for i := range k {
 		e.Samples = append(e.Samples, hashes[(i+1)*Stride-1])
 	}
 }
 
-// Answer records that the prompt placed at endpoint at time at got its first
-// token after ttft milliseconds; false if no such entry is held (expired,
-// or made way).
-func (t *Table) Answer(endpoint uint64, at, ttft int64) bool {
-	for i := range t.entries {
-		if e := &t.entries[i]; e.Endpoint == endpoint && e.At == at {
-			e.TTFT, e.Answered = min(max(ttft, 0), 1<<32-1), true
-			return true
-		}
-	}
-	return false
-}
-
 // Match calls fn for every entry live at now that shares at least a stride
-// of leading blocks with the prompt of chained block hashes, with the
-// entry and the blocks shared (a multiple of Stride). fn must not keep e.
-func (t *Table) Match(hashes []uint64, now int64, fn func(e *Entry, blocks int)) {
-	for i := range t.entries {
-		e := &t.entries[i]
+// of leading blocks with the prompt of chained block hashes, with its
+// endpoint and the blocks shared (a multiple of Stride).
+func (t *Table) Match(hashes []uint64, now int64, fn func(endpoint uint64, blocks int)) {
+	for _, e := range t.entries {
 		if e.Expires <= now {
 			continue
 		}
@@ -229,7 +198,7 @@ func (t *Table) Match(hashes []uint64, now int64, fn func(e *Entry, blocks int))
 			k++
 		}
 		if k > 0 {
-			fn(e, k*Stride)
+			fn(e.Endpoint, k*Stride)
 		}
 	}
 }

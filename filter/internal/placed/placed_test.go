@@ -27,16 +27,16 @@ type hit struct {
 
 func matches(t *Table, hashes []uint64, now int64) []hit {
 	var got []hit
-	t.Match(hashes, now, func(e *Entry, b int) { got = append(got, hit{e.Endpoint, b}) })
+	t.Match(hashes, now, func(e uint64, b int) { got = append(got, hit{e, b}) })
 	return got
 }
 
 func TestMatch(t *testing.T) {
 	var tab Table
-	tab.Add(0xa, prompt(1, 300, 400), 100, false, false, 0, 0, 1000)
-	tab.Add(0xd, prompt(4, 0, 2000), 100, false, false, 0, 0, 1000) // longer than the samples reach
-	tab.Add(0xb, prompt(2, 100, 120), 100, false, false, 0, 0, 1000)
-	tab.Add(0xc, prompt(3, 0, 10), 100, false, false, 0, 0, 1000) // shorter than a stride: not recorded
+	tab.Add(0xa, prompt(1, 300, 400), 100, false, 0, 0, 1000)
+	tab.Add(0xd, prompt(4, 0, 2000), 100, false, 0, 0, 1000) // longer than the samples reach
+	tab.Add(0xb, prompt(2, 100, 120), 100, false, 0, 0, 1000)
+	tab.Add(0xc, prompt(3, 0, 10), 100, false, 0, 0, 1000) // shorter than a stride: not recorded
 	tests := []struct {
 		name   string
 		hashes []uint64
@@ -60,7 +60,7 @@ func TestMatch(t *testing.T) {
 func TestRoundTripAndBounds(t *testing.T) {
 	var tab Table
 	for i := range MaxEntries + 5 {
-		tab.Add(uint64(i), prompt(uint64(i), 0, Stride*(MaxSamples+10)), 100, i%2 == 1, i%3 == 1, 0, int64(i), 1_000_000)
+		tab.Add(uint64(i), prompt(uint64(i), 0, Stride*(MaxSamples+10)), 100, i%2 == 1, 0, int64(i), 1_000_000)
 	}
 	if tab.Len() != MaxEntries {
 		t.Fatalf("%d entries, want the newest %d", tab.Len(), MaxEntries)
@@ -80,12 +80,9 @@ func TestRoundTripAndBounds(t *testing.T) {
 		if want := e.Endpoint%2 == 1; e.New != want {
 			t.Errorf("entry %d: New %v after the round trip, want %v", e.Endpoint, e.New, want)
 		}
-		if want := e.Endpoint%3 == 1; e.Move != want {
-			t.Errorf("entry %d: Move %v after the round trip, want %v", e.Endpoint, e.Move, want)
-		}
 	})
 	// Adding drops what expired.
-	got.Add(1, prompt(1, 0, 100), 100, false, false, 0, 2_000_000, 3_000_000)
+	got.Add(1, prompt(1, 0, 100), 100, false, 0, 2_000_000, 3_000_000)
 	if got.Len() != 1 {
 		t.Errorf("%d entries after the rest expired", got.Len())
 	}
@@ -93,14 +90,14 @@ func TestRoundTripAndBounds(t *testing.T) {
 
 func TestDecodeCorrupt(t *testing.T) {
 	var tab Table
-	tab.Add(1, prompt(1, 0, 100), 100, false, false, 0, 0, 10)
+	tab.Add(1, prompt(1, 0, 100), 100, false, 0, 0, 10)
 	good := tab.Append(nil)
 	for _, b := range [][]byte{
 		[]byte("KVPL"),
 		append([]byte("XXXX"), good[4:]...),
 		good[:len(good)-1],
 		append(slices.Clone(good), 0),
-		func() []byte { b := slices.Clone(good); b[headSize+32] = 8; return b }(), // an unknown flag
+		func() []byte { b := slices.Clone(good); b[headSize+32] = 2; return b }(), // an unknown flag
 	} {
 		var got Table
 		if err := got.Decode(b); !errors.Is(err, ErrCorrupt) || got.Len() != 0 {
@@ -115,7 +112,7 @@ func TestDecodeCorrupt(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	var tab Table
-	tab.Add(1, prompt(1, 0, 100), 100, false, false, 0, 0, 10)
+	tab.Add(1, prompt(1, 0, 100), 100, false, 0, 0, 10)
 	f.Add(tab.Append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var got Table
@@ -133,43 +130,16 @@ func TestNoAllocsOnceGrown(t *testing.T) {
 	h := prompt(1, 0, 700)
 	buf := make([]byte, 0, 1<<16)
 	for range MaxEntries * 2 {
-		tab.Add(1, h, 100, false, false, 0, 0, 10)
+		tab.Add(1, h, 100, false, 0, 0, 10)
 	}
 	buf = tab.Append(buf[:0])
 	n := testing.AllocsPerRun(100, func() {
 		_ = tab.Decode(buf)
-		tab.Add(2, h, 100, false, false, 0, 0, 10)
-		tab.Match(h, 0, func(*Entry, int) {})
+		tab.Add(2, h, 100, false, 0, 0, 10)
+		tab.Match(h, 0, func(uint64, int) {})
 	})
 	if n != 0 {
 		t.Errorf("%v allocations per decode, add and match", n)
-	}
-}
-
-// TestAnswer: a placement is answered once its first token comes, with its
-// measured time to first token, through the encoding; the others are not.
-func TestAnswer(t *testing.T) {
-	var tab Table
-	tab.Add(1, prompt(1, 0, 100), 100, true, true, 400, 1_000, 10_000)
-	tab.Add(1, prompt(2, 0, 100), 100, false, true, 400, 1_500, 10_000)
-	if !tab.Answer(1, 1_000, 900) {
-		t.Fatal("the first placement was not found")
-	}
-	if tab.Answer(2, 1_500, 900) || tab.Answer(1, 1_200, 900) {
-		t.Error("answered a placement that was not made")
-	}
-	var got Table
-	if err := got.Decode(tab.Append(nil)); err != nil {
-		t.Fatal(err)
-	}
-	type state struct {
-		ttft          int64
-		new, answered bool
-	}
-	var states []state
-	got.Live(2_000, func(e *Entry) { states = append(states, state{e.TTFT, e.New, e.Answered}) })
-	if want := []state{{900, true, true}, {400, false, false}}; !slices.Equal(states, want) {
-		t.Errorf("after the round trip: %+v, want %+v", states, want)
 	}
 }
 
@@ -178,9 +148,9 @@ func TestAnswer(t *testing.T) {
 // encoding; expired ones are left out.
 func TestLive(t *testing.T) {
 	var tab Table
-	tab.Add(0xa, prompt(1, 0, 400), 400, false, false, 700, 100, 5000)
-	tab.Add(0xb, prompt(2, 0, 300), 250, false, false, 500, 200, 5000)
-	tab.Add(0xa, prompt(3, 0, 200), 200, false, false, 300, 300, 350)
+	tab.Add(0xa, prompt(1, 0, 400), 400, false, 700, 100, 5000)
+	tab.Add(0xb, prompt(2, 0, 300), 250, false, 500, 200, 5000)
+	tab.Add(0xa, prompt(3, 0, 200), 200, false, 300, 300, 350)
 	var got Table
 	if err := got.Decode(tab.Append(nil)); err != nil {
 		t.Fatal(err)
