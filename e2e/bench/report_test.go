@@ -223,6 +223,27 @@ func TestRenderOutputPerEngine(t *testing.T) {
 	}
 }
 
+// A summary from before the engines' TTFT was read gains no empty table; a
+// newer one shows the client's and the engines' means and the cores by
+// process, by name.
+func TestRenderWhereTTFTWent(t *testing.T) {
+	const title = "Where TTFT went"
+	for _, engine := range []float64{0, 0.13} {
+		a := ladder(headlineArm, []float64{8}, []float64{0.2})
+		a.Stages[0].TTFT.Mean, a.Stages[0].EngineTTFT = 0.15, engine
+		a.Stages[0].CPU = map[string]float64{"envoy": 0.4, "bench": 0.61}
+		var b strings.Builder
+		workloadSection(&b, &WorkloadResult{Name: "b2b-saas", SLOSeconds: 2, Arms: []ArmResult{a}})
+		got := b.String()
+		if has := strings.Contains(got, title); has != (engine > 0) {
+			t.Errorf("with the engines' mean %v, the report has the table: %v\n%s", engine, has, got)
+		}
+		if engine > 0 && !strings.Contains(got, "| kvroute-precise | 0.150 / 0.130; bench 0.61, envoy 0.40 |") {
+			t.Errorf("the table lacks the stage's figures:\n%s", got)
+		}
+	}
+}
+
 // TestMarkdownFilterCostAlone: a run of the filter's cost alone reports it
 // without describing engines it never started.
 func TestMarkdownFilterCostAlone(t *testing.T) {
