@@ -25,9 +25,10 @@ type cpuSample struct {
 // every Linux architecture Go supports.
 const clockTicks = 100
 
-// sampleCPU reads /proc. Processes that exit between two samples take their
-// time with them, so a group's figure counts the processes alive at both;
-// routers and clients live for a whole arm. Off Linux it returns nil.
+// sampleCPU reads /proc. A process that exits before the second of two
+// samples takes its time with it, and its group reads low; the router and
+// cachesync live for a whole arm, and a stage's client from before its
+// start to after its end. Off Linux it returns nil.
 func sampleCPU() *cpuSample {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
