@@ -1,11 +1,10 @@
 package bench
 
 import (
-	"bytes"
 	"os"
-	"path/filepath"
-	"strconv"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // cpuSample is the CPU time the bench's process tree had used by a moment,
@@ -21,16 +20,12 @@ type cpuSample struct {
 	used map[string]float64 // seconds of CPU, user and system
 }
 
-// clockTicks is USER_HZ, in which /proc/PID/stat counts CPU time: 100 on
-// every Linux architecture Go supports.
-const clockTicks = 100
-
 // sampleCPU reads /proc. A process that exits before the second of two
 // samples takes its time with it, and its group reads low; the router and
 // cachesync live for a whole arm, and a stage's client from before its
 // start to after its end. Off Linux it returns nil.
 func sampleCPU() *cpuSample {
-	ents, err := os.ReadDir("/proc")
+	all, err := procfs.AllProcs()
 	if err != nil {
 		return nil
 	}
@@ -39,30 +34,13 @@ func sampleCPU() *cpuSample {
 		comm string
 		cpu  float64
 	}
-	procs := map[int]proc{}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+	procs := make(map[int]proc, len(all))
+	for _, p := range all {
+		st, err := p.Stat()
 		if err != nil {
 			continue // exited meanwhile
 		}
-		// pid (comm) state ppid ... utime stime: comm may hold spaces and
-		// parentheses, so the fields are counted from the last ')'.
-		open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-		if open < 0 || end < open {
-			continue
-		}
-		f := bytes.Fields(b[end+1:])
-		if len(f) < 13 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(string(f[1]))
-		utime, _ := strconv.ParseFloat(string(f[11]), 64)
-		stime, _ := strconv.ParseFloat(string(f[12]), 64)
-		procs[pid] = proc{ppid: ppid, comm: string(b[open+1 : end]), cpu: (utime + stime) / clockTicks}
+		procs[p.PID] = proc{ppid: st.PPID, comm: st.Comm, cpu: st.CPUTime()}
 	}
 	self := os.Getpid()
 	s := &cpuSample{at: time.Now(), used: map[string]float64{}}
